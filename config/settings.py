@@ -1,0 +1,103 @@
+"""Proxy settings: where to listen, which cluster to front, how to map broker ids to ports.
+
+Read from the `[proxy]` table of the TOML config file, overridden by command-line flags.
+"""
+
+from __future__ import annotations
+
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
+
+
+class SettingsError(ValueError):
+    """A setting with a bad value; the message names the setting and the value."""
+
+
+Address = tuple[str, int]
+
+
+def parse_address(text: str, what: str) -> Address:
+    """'host:port' (or '[v6]:port') with a port in 1..65535."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise SettingsError(f"{what} {text!r} is not HOST:PORT")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise SettingsError(f"{what} {text!r} has port {number} outside 0..65535")
+    return host.strip("[]"), number
+
+
+def parse_address_list(text: str, what: str) -> list[Address]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise SettingsError(f"{what} {text!r} names no HOST:PORT")
+    return [parse_address(item, what) for item in items]
+
+
+@dataclass(slots=True)
+class ProxySettings:
+    #: Bootstrap listener clients connect to first.
+    listen: Address = ("127.0.0.1", 9192)
+    #: Broker node N is served on `node_port_base + N`; None means `listen port + 1`.
+    node_port_base: int | None = None
+    #: Host put in every rewritten broker address; None means the listen host
+    #: (or this machine's name when listening on a wildcard address).
+    advertised_host: str | None = None
+    #: The real cluster's bootstrap servers; empty means "start an embedded local cluster".
+    upstream: list[Address] = field(default_factory=list)
+    metrics_port: int | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    quota_file: Path | None = None
+
+    @property
+    def node_base(self) -> int:
+        return self.listen[1] + 1 if self.node_port_base is None else self.node_port_base
+
+    @property
+    def advertised(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        host = self.listen[0]
+        return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+
+    def node_port(self, node_id: int) -> int:
+        """The deterministic proxy port for a broker node id."""
+        port = self.node_base + node_id
+        if node_id < 0 or port > 65535:
+            raise SettingsError(
+                f"broker node id {node_id} maps to port {port}, outside 1..65535; "
+                "choose a lower node_port_base"
+            )
+        return port
+
+
+def load_settings(path: Path | None) -> ProxySettings:
+    """Settings from the `[proxy]` table of a TOML file (all keys optional)."""
+    settings = ProxySettings()
+    if path is None:
+        return settings
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    table = data.get("proxy", {})
+    settings.quota_file = path
+    for key, value in table.items():
+        if key == "listen":
+            settings.listen = parse_address(str(value), "proxy.listen")
+        elif key == "upstream":
+            text = ",".join(value) if isinstance(value, list) else str(value)
+            settings.upstream = parse_address_list(text, "proxy.upstream")
+        elif key == "advertised_host":
+            settings.advertised_host = str(value)
+        elif key in ("node_port_base", "metrics_port", "max_request_bytes"):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SettingsError(f"proxy.{key} = {value!r} must be a positive integer")
+            setattr(settings, key, value)
+        else:
+            raise SettingsError(f"unknown setting proxy.{key} in {path}")
+    return settings

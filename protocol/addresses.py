@@ -1,0 +1,87 @@
+"""Rewriting broker addresses in responses so that clients only ever learn proxy addresses.
+
+Node ids are kept as they are, so leader routing and coordinator lookups stay consistent; only
+(host, port) change, to the proxy listener that stands for that node id. The real addresses seen
+on the way are returned, so the proxy knows where each node id lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .apis import KNOWN_APIS, ApiKey
+from .errors import MalformedBody
+from .headers import response_body_offset
+
+Address = tuple[str, int]
+#: node id -> the proxy address clients must use for it
+Advertise = Callable[[int], Address]
+
+#: APIs whose responses carry broker addresses, with the first version that may carry them
+#: (KIP-951 NodeEndpoints appear in Produce v10+ and Fetch v16+).
+ADDRESS_BEARING: dict[int, int] = {
+    ApiKey.METADATA: 0,
+    ApiKey.FIND_COORDINATOR: 0,
+    ApiKey.DESCRIBE_CLUSTER: 0,
+    ApiKey.PRODUCE: 10,
+    ApiKey.FETCH: 16,
+}
+
+
+@dataclass(slots=True)
+class RewriteResult:
+    frame: bytes
+    #: real addresses learned from this response, by node id
+    discovered: dict[int, Address] = field(default_factory=dict)
+
+
+def needs_rewrite(api_key: int, api_version: int) -> bool:
+    first = ADDRESS_BEARING.get(api_key)
+    return first is not None and api_version >= first
+
+
+def _swap(node: Any, node_id: int, advertise: Advertise, seen: dict[int, Address]) -> bool:
+    """Point one (host, port) pair at the proxy; False when the node is a placeholder."""
+    if node_id < 0 or not node.host:
+        return False  # "no coordinator" / unknown leader: nothing to rewrite
+    seen[node_id] = (node.host, node.port)
+    node.host, node.port = advertise(node_id)
+    return True
+
+
+def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_version: int,
+                      advertise: Advertise) -> RewriteResult:
+    """Rewrite every broker address in a response frame (header included, size prefix not).
+
+    Responses without addresses (most Produce and Fetch responses) come back as the very same
+    bytes, so nothing is re-encoded on the hot path unless it must be.
+    """
+    spec = KNOWN_APIS[api_key]
+    start = response_body_offset(frame, header_version)
+    try:
+        message = spec.response_class.decode(memoryview(frame)[start:], version=api_version)
+    except Exception as exc:  # kafka-python raises several types for bad bytes
+        raise MalformedBody(
+            f"{spec.name} v{api_version} response of {len(frame)} bytes does not parse: {exc}"
+        ) from exc
+    seen: dict[int, Address] = {}
+    changed = False
+    if api_key == ApiKey.METADATA or api_key == ApiKey.DESCRIBE_CLUSTER:
+        for broker in message.brokers:
+            node_id = broker.node_id if api_key == ApiKey.METADATA else broker.broker_id
+            changed |= _swap(broker, node_id, advertise, seen)
+    elif api_key == ApiKey.FIND_COORDINATOR:
+        if api_version < 4:
+            changed |= _swap(message, message.node_id, advertise, seen)
+        else:
+            for coordinator in message.coordinators:
+                changed |= _swap(coordinator, coordinator.node_id, advertise, seen)
+    else:  # Produce / Fetch: the KIP-951 NodeEndpoints tagged field
+        for endpoint in message.node_endpoints or ():
+            changed |= _swap(endpoint, endpoint.node_id, advertise, seen)
+    if not changed:
+        return RewriteResult(frame, seen)
+    body = message.encode()  # decoded messages keep their version
+    return RewriteResult(frame[:start] + bytes(body), seen)

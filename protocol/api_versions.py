@@ -1,0 +1,53 @@
+"""ApiVersions: clamping the broker's answer to what the proxy can handle.
+
+The proxy must be able to frame and patch every API a client uses, and decode the ones it
+rewrites, so it advertises the intersection of the broker's ranges and the schema ranges it
+ships with. API keys it has no schema for are left out: a client then does not use them.
+"""
+
+from __future__ import annotations
+
+from .apis import KNOWN_APIS, ApiKey, ApiSpec
+from .errors import MalformedBody
+from .headers import encode_response_header
+
+#: Kafka's UNSUPPORTED_VERSION error code.
+UNSUPPORTED_VERSION = 35
+
+_API_VERSIONS: ApiSpec = KNOWN_APIS[ApiKey.API_VERSIONS]
+
+
+def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
+    """Clamp an ApiVersions response body; returns (new body, number of keys dropped)."""
+    cls = _API_VERSIONS.response_class
+    try:
+        message = cls.decode(body, version=api_version)
+    except Exception as exc:
+        raise MalformedBody(f"ApiVersions v{api_version} response does not parse: {exc}") from exc
+    kept = []
+    for entry in message.api_keys:
+        spec = KNOWN_APIS.get(entry.api_key)
+        if spec is None:
+            continue
+        low = max(entry.min_version, spec.min_version)
+        high = min(entry.max_version, spec.max_version)
+        if low > high:
+            continue
+        entry.min_version, entry.max_version = low, high
+        kept.append(entry)
+    dropped = len(message.api_keys) - len(kept)
+    message.api_keys = kept
+    return bytes(message.encode()), dropped  # decoded messages keep their version
+
+
+def unsupported_version_response(correlation_id: int) -> bytes:
+    """What a broker answers to an ApiVersions request newer than it knows (KIP-511).
+
+    A v0 body with UNSUPPORTED_VERSION and the proxy's own ApiVersions range, so the client
+    retries with a version both sides speak.
+    """
+    cls = _API_VERSIONS.response_class
+    entry = cls.ApiVersion(api_key=int(ApiKey.API_VERSIONS), min_version=_API_VERSIONS.min_version,
+                           max_version=_API_VERSIONS.max_version)
+    body = cls(error_code=UNSUPPORTED_VERSION, api_keys=[entry]).encode(version=0)
+    return encode_response_header(correlation_id, 0) + bytes(body)

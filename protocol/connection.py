@@ -1,0 +1,318 @@
+"""One proxied connection as a sans-I/O state machine.
+
+The I/O layer feeds it bytes from the client and from the broker and carries out the actions it
+returns (forward bytes, answer the client, close with a reason, note broker addresses). Nothing
+here touches a socket or a clock, so whole exchanges are tested with byte strings.
+
+Ordering: a Kafka connection answers requests in the order they were sent. Responses the proxy
+makes itself (an ApiVersions refusal) wait in the same queue as forwarded requests, so they
+reach the client in order; Produce with acks=0 gets no response and takes no place in the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
+
+from .addresses import Address, Advertise, needs_rewrite, rewrite_addresses
+from .api_versions import clamp_api_versions, unsupported_version_response
+from .apis import KNOWN_APIS, ApiKey, api_name
+from .errors import MalformedBody, MalformedHeader, ProtocolError, UnsupportedVersion
+from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
+from .headers import (
+    RequestHeader,
+    parse_request_header,
+    read_uvarint,
+    response_body_offset,
+    response_correlation_id,
+)
+from .sasl import ANONYMOUS, SaslExchange
+
+#: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
+DECODED_APIS = frozenset({
+    ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE, ApiKey.FETCH,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
+})
+
+
+@dataclass(slots=True)
+class ToBroker:
+    """Write these chunks to the broker (`writelines`)."""
+
+    chunks: list[bytes]
+
+
+@dataclass(slots=True)
+class ToClient:
+    """Write these chunks to the client (`writelines`)."""
+
+    chunks: list[bytes]
+
+
+@dataclass(slots=True)
+class Close:
+    """Close both sides; `reason` names what was wrong, for the log."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class BrokersSeen:
+    """Real broker addresses learned from a response, by node id."""
+
+    addresses: dict[int, Address]
+
+
+@dataclass(slots=True)
+class Authenticated:
+    """The broker accepted a SASL exchange; `principal` is now the connection's user."""
+
+    principal: str
+    mechanism: str
+
+
+Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A request awaiting its response, or a response the proxy made, waiting for its turn."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    client_id: str | None
+    local_response: bytes | None = None
+
+
+@dataclass(slots=True)
+class _RawSasl:
+    """SaslHandshake v0: tokens travel as bare frames until the mechanism completes."""
+
+    exchange: SaslExchange
+
+
+def _size(n: int) -> bytes:
+    return n.to_bytes(4, "big")
+
+
+def produce_acks(frame: bytes, header: RequestHeader) -> int:
+    """The `acks` of a Produce request: it follows the transactional id (v3+)."""
+    pos = header.body_offset
+    try:
+        if header.api_version >= 3:
+            if KNOWN_APIS[ApiKey.PRODUCE].is_flexible(header.api_version):
+                length_plus_one, pos = read_uvarint(frame, pos)
+                pos += max(length_plus_one - 1, 0)
+            else:
+                length = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+                pos += 2 + max(length, 0)
+        if pos + 2 > len(frame):
+            raise MalformedBody(f"Produce v{header.api_version} request is truncated before acks")
+        return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Produce v{header.api_version} request: {exc}") from exc
+
+
+@dataclass(slots=True)
+class ConnectionStats:
+    requests: int = 0
+    responses: int = 0
+    local_responses: int = 0
+    bytes_from_client: int = 0
+    bytes_from_broker: int = 0
+
+
+class ProxyConnection:
+    """Drives one client connection and its upstream broker connection."""
+
+    def __init__(self, advertise: Advertise, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 name: str = "connection") -> None:
+        self.name = name
+        self._advertise = advertise
+        self._requests = FrameSplitter(max_request_bytes, "request")
+        self._responses = FrameSplitter(MAX_RESPONSE_BYTES, "response")
+        self._in_flight: deque[InFlight] = deque()
+        self._sasl: SaslExchange | None = None
+        self._raw_sasl: _RawSasl | None = None
+        self._closed: str | None = None
+        #: The principal name quotas see: ANONYMOUS until the broker accepts a SASL exchange.
+        self.principal: str = ANONYMOUS
+        self.authenticated_mechanism: str | None = None
+        self.client_id: str | None = None
+        self.stats = ConnectionStats()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> str | None:
+        """The close reason once the connection must close, else None."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def receive_from_client(self, data: bytes) -> list[Action]:
+        if self._closed is not None:
+            return []
+        self.stats.bytes_from_client += len(data)
+        try:
+            return self._client_frames(self._requests.feed(data))
+        except ProtocolError as exc:
+            return self._close(f"client sent bad data: {exc}")
+
+    def receive_from_broker(self, data: bytes) -> list[Action]:
+        if self._closed is not None:
+            return []
+        self.stats.bytes_from_broker += len(data)
+        try:
+            return self._broker_frames(self._responses.feed(data))
+        except ProtocolError as exc:
+            return self._close(f"broker sent bad data: {exc}")
+
+    # -- client -> broker ---------------------------------------------------------------------
+
+    def _close(self, reason: str) -> list[Action]:
+        self._closed = reason
+        return [Close(reason)]
+
+    def _client_frames(self, frames: list[bytes]) -> list[Action]:
+        upstream: list[bytes] = []
+        actions: list[Action] = []
+        for frame in frames:
+            if self._raw_sasl is not None:
+                self._raw_sasl.exchange.client_token(frame)
+                upstream += (_size(len(frame)), frame)
+                continue
+            header = parse_request_header(frame)
+            self.stats.requests += 1
+            if header.client_id is not None:
+                self.client_id = header.client_id
+            spec = KNOWN_APIS.get(header.api_key)
+            entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id)
+            if spec is not None and header.api_version > spec.max_version:
+                if header.api_key == ApiKey.API_VERSIONS:
+                    entry.local_response = unsupported_version_response(header.correlation_id)
+                    self._queue_local(entry, actions)
+                    continue
+                if header.api_key in DECODED_APIS:
+                    raise UnsupportedVersion(
+                        f"{spec.name} v{header.api_version} is above v{spec.max_version}, the newest "
+                        "the proxy can decode (the client ignored the ApiVersions answer)"
+                    )
+            expects_response = True
+            if header.api_key == ApiKey.PRODUCE:
+                expects_response = produce_acks(frame, header) != 0
+            elif header.api_key == ApiKey.SASL_HANDSHAKE:
+                self._sasl = SaslExchange(self._decode_request(frame, header).mechanism)
+            elif header.api_key == ApiKey.SASL_AUTHENTICATE:
+                if self._sasl is None:
+                    raise MalformedBody("SaslAuthenticate without a SaslHandshake first")
+                self._sasl.client_token(bytes(self._decode_request(frame, header).auth_bytes))
+            if expects_response:
+                self._in_flight.append(entry)
+            upstream += (_size(len(frame)), frame)
+        if upstream:
+            actions.insert(0, ToBroker(upstream))
+        return actions
+
+    def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
+        cls = {ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest,
+               ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest}[ApiKey(header.api_key)]
+        try:
+            return cls.decode(memoryview(frame)[header.body_offset:], version=header.api_version)
+        except Exception as exc:
+            raise MalformedBody(
+                f"{api_name(header.api_key)} v{header.api_version} request does not parse: {exc}"
+            ) from exc
+
+    def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
+        self.stats.local_responses += 1
+        if self._in_flight:
+            self._in_flight.append(entry)
+        else:
+            assert entry.local_response is not None
+            actions.append(ToClient([_size(len(entry.local_response)), entry.local_response]))
+
+    # -- broker -> client ---------------------------------------------------------------------
+
+    def _broker_frames(self, frames: list[bytes]) -> list[Action]:
+        downstream: list[bytes] = []
+        actions: list[Action] = []
+        for frame in frames:
+            if self._raw_sasl is not None:
+                if self._raw_sasl.exchange.server_token(frame):
+                    actions.append(self._authenticated(self._raw_sasl.exchange))
+                    self._raw_sasl = None
+                downstream += (_size(len(frame)), frame)
+                continue
+            correlation_id = response_correlation_id(frame)
+            if not self._in_flight:
+                raise ProtocolError(f"response with correlation id {correlation_id} but no request in flight")
+            entry = self._in_flight.popleft()
+            if entry.correlation_id != correlation_id:
+                raise ProtocolError(
+                    f"response correlation id {correlation_id} does not match the oldest request "
+                    f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
+                )
+            self.stats.responses += 1
+            frame = self._on_response(entry, frame, actions)
+            downstream += (_size(len(frame)), frame)
+            while self._in_flight and self._in_flight[0].local_response is not None:
+                local = self._in_flight.popleft().local_response
+                assert local is not None
+                downstream += (_size(len(local)), local)
+        if downstream:
+            actions.insert(0, ToClient(downstream))
+        return actions
+
+    def _on_response(self, entry: InFlight, frame: bytes, actions: list[Action]) -> bytes:
+        spec = KNOWN_APIS.get(entry.api_key)
+        if spec is None:
+            return frame
+        key, version = entry.api_key, entry.api_version
+        header_version = spec.response_header_version(version)
+        if needs_rewrite(key, version):
+            result = rewrite_addresses(key, version, frame, header_version, self._advertise)
+            if result.discovered:
+                actions.append(BrokersSeen(result.discovered))
+            return result.frame
+        if key == ApiKey.API_VERSIONS:
+            start = response_body_offset(frame, 0)
+            error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
+            # A broker refusing our version answers with a v0 body (KIP-511).
+            body, _ = clamp_api_versions(frame[start:], version if error_code == 0 else 0)
+            return frame[:start] + body
+        if key == ApiKey.SASL_HANDSHAKE:
+            start = response_body_offset(frame, header_version)
+            error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
+            if error_code == 0 and version == 0 and self._sasl is not None:
+                self._raw_sasl = _RawSasl(self._sasl)
+        elif key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
+            start = response_body_offset(frame, header_version)
+            try:
+                answer = SaslAuthenticateResponse.decode(memoryview(frame)[start:], version=version)
+            except Exception as exc:
+                raise MalformedBody(f"SaslAuthenticate v{version} response does not parse: {exc}") from exc
+            if answer.error_code != 0:
+                self._sasl = None  # the broker closes the connection after a failed exchange
+            elif self._sasl.server_token(bytes(answer.auth_bytes)):
+                actions.append(self._authenticated(self._sasl))
+        return frame
+
+    def _authenticated(self, exchange: SaslExchange) -> Authenticated:
+        """The broker accepted the exchange: only now does the claimed name count."""
+        self.authenticated_mechanism = exchange.mechanism
+        if exchange.candidate is not None:
+            self.principal = exchange.candidate
+        return Authenticated(self.principal, exchange.mechanism)
+
+
+__all__ = [
+    "Action", "Authenticated", "BrokersSeen", "Close", "ConnectionStats", "InFlight",
+    "ProxyConnection", "ToBroker", "ToClient", "produce_acks",
+]

@@ -1,0 +1,60 @@
+"""Splitting a TCP byte stream into Kafka frames (4-byte big-endian size, then that many bytes).
+
+Kept separate from everything else because both directions use it and it is the only place
+that buffers partial data.
+"""
+
+from __future__ import annotations
+
+from .errors import FrameSizeError
+
+#: Kafka's own default for `socket.request.max.bytes`; a larger request frame is refused.
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+
+#: Responses are not limited by the broker's request limit (a Fetch may return up to
+#: `fetch.max.bytes` and more), so only the protocol's own int32 bound applies.
+MAX_RESPONSE_BYTES = 2**31 - 1
+
+
+class FrameSplitter:
+    """Accumulates bytes and returns every complete frame body (without its size prefix).
+
+    A frame of size zero is legal at this level (SASL v0 raw tokens may be empty).
+    """
+
+    __slots__ = ("_buf", "_max_bytes", "_name")
+
+    def __init__(self, max_bytes: int, name: str = "frame") -> None:
+        self._buf = bytearray()
+        self._max_bytes = max_bytes
+        self._name = name
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+            if size < 0 or size > self._max_bytes:
+                raise FrameSizeError(
+                    f"{self._name} size {size} is outside 0..{self._max_bytes} bytes"
+                )
+            if end - pos - 4 < size:
+                break
+            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def frame(payload: bytes) -> bytes:
+    """Prefix `payload` with its size, as Kafka frames it."""
+    return len(payload).to_bytes(4, "big") + payload

@@ -1,0 +1,112 @@
+"""The `kthrottle` command: `run` (the proxy) and `local-kafka` (a real local cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import uvloop
+
+from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
+
+log = logging.getLogger("kthrottle")
+
+
+def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    settings = load_settings(args.config)
+    if args.upstream:
+        settings.upstream = parse_address_list(args.upstream, "--upstream")
+    if args.listen:
+        settings.listen = parse_address(args.listen, "--listen")
+    if args.advertised_host:
+        settings.advertised_host = args.advertised_host
+    if args.metrics_port is not None:
+        settings.metrics_port = args.metrics_port
+    if args.node_port_base is not None:
+        settings.node_port_base = args.node_port_base
+    return settings
+
+
+async def serve(settings: ProxySettings, ready_message: str | None = None) -> None:
+    """Run the proxy until SIGINT or SIGTERM."""
+    from .server import ProxyServer
+
+    server = ProxyServer(settings)
+    await server.start()
+    host, port = server.bootstrap_address
+    print(f"kthrottle: clients use bootstrap.servers={host}:{port}", flush=True)
+    if ready_message:
+        print(ready_message, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        settings = _settings_from_args(args)
+    except SettingsError as exc:
+        print(f"kthrottle: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        note = None
+        if not settings.upstream:
+            from .local_kafka import LocalKafka
+
+            print("kthrottle: no upstream configured; starting an embedded local Kafka cluster "
+                  "(3 brokers, KRaft)...", flush=True)
+            cluster = stack.enter_context(LocalKafka(brokers=3))
+            settings.upstream = parse_address_list(cluster.bootstrap, "embedded cluster")
+            note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
+        if settings.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.metrics_port)
+            print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics", flush=True)
+        uvloop.run(serve(settings, note))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kthrottle", description="Kafka-protocol throttling proxy")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the proxy (with an embedded cluster when no upstream is set)")
+    run.add_argument("--config", type=Path, help="TOML file with [proxy] settings and [[quota]] tables")
+    run.add_argument("--upstream", help="the cluster's bootstrap servers, H:P[,H:P...]")
+    run.add_argument("--listen", help="bootstrap listener H:P (default 127.0.0.1:9192)")
+    run.add_argument("--advertised-host", help="host clients are told to connect to")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--node-port-base", type=int,
+                     help="broker node N is served on this port + N (default: listen port + 1)")
+    run.set_defaults(func=cmd_run)
+
+    local = sub.add_parser("local-kafka", help="run a real local Kafka cluster in the foreground")
+    local.add_argument("--brokers", type=int, default=3)
+    local.add_argument("--sasl", action="store_true", help="add a SASL_PLAINTEXT listener with users")
+    local.set_defaults(func=None)
+
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "local-kafka":
+        from . import local_kafka
+
+        forwarded = [f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else []) + rest
+        return local_kafka.main(forwarded)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The asyncio side: listeners, one upstream connection per client connection, flow control.
+
+It only moves bytes and carries out what `protocol.connection.ProxyConnection` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Iterable
+
+from config.settings import Address, ProxySettings, SettingsError
+from protocol.connection import Authenticated, BrokersSeen, Close, ProxyConnection, ToBroker, ToClient
+
+from .discovery import discover_brokers
+
+log = logging.getLogger("kthrottle.proxy")
+
+
+class BrokerDirectory:
+    """Where each broker node id really lives, as learned from responses."""
+
+    def __init__(self) -> None:
+        self.addresses: dict[int, Address] = {}
+
+    def learn(self, addresses: dict[int, Address]) -> list[int]:
+        """Record addresses; returns the node ids seen for the first time."""
+        new = [node for node in addresses if node not in self.addresses]
+        for node, address in addresses.items():
+            if self.addresses.get(node) != address:
+                if node in self.addresses:
+                    log.info("broker %d moved from %s:%d to %s:%d", node, *self.addresses[node], *address)
+                self.addresses[node] = address
+        return new
+
+
+class _Upstream(asyncio.Protocol):
+    """The broker side of one proxied connection."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+        self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+
+    def data_received(self, data: bytes) -> None:
+        self.session.on_broker_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.session.on_broker_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.session.pause_client_reading()
+
+    def resume_writing(self) -> None:
+        self.session.resume_client_reading()
+
+
+class ClientSession(asyncio.Protocol):
+    """The client side of one proxied connection, bound to one broker (or a bootstrap server)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+        self.server = server
+        self.node_id = node_id
+        self.id = next(self._ids)
+        self.transport: asyncio.Transport | None = None
+        self.upstream: _Upstream | None = None
+        self.conn = ProxyConnection(server.advertise, max_request_bytes=server.settings.max_request_bytes,
+                                    name=f"conn-{self.id}")
+        self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
+        self._closing = False
+        self._peer = "?"
+
+    # -- client side ----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+        self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        peer = transport.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.sessions.add(self)
+        self.transport.pause_reading()
+        asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[str] = []
+        for host, port in self.server.upstream_for(self.node_id):
+            try:
+                _, protocol = await asyncio.wait_for(
+                    loop.create_connection(lambda: _Upstream(self), host, port), timeout=10
+                )
+            except (TimeoutError, OSError) as exc:
+                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            if self._closing:
+                protocol.transport.close()  # type: ignore[attr-defined]
+                return
+            self.upstream = protocol  # type: ignore[assignment]
+            sock = protocol.transport.get_extra_info("socket")  # type: ignore[attr-defined]
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._pending:
+                pending, self._pending = self._pending, []
+                for data in pending:
+                    self.data_received(data)
+            if self.transport is not None and not self._closing:
+                self.transport.resume_reading()
+            return
+        target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
+        self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})")
+
+    def data_received(self, data: bytes) -> None:
+        if self.upstream is None:
+            self._pending.append(data)
+            return
+        try:
+            actions = self.conn.receive_from_client(data)
+        except Exception as exc:  # a bug must cost one connection, never the proxy
+            log.exception("%s: unexpected error on client data", self.conn.name)
+            self.close(f"internal error on client data: {exc!r}")
+            return
+        self._execute(actions)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.sessions.discard(self)
+        self._closing = True
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    # -- broker side ----------------------------------------------------------------------------
+
+    def on_broker_data(self, data: bytes) -> None:
+        try:
+            actions = self.conn.receive_from_broker(data)
+        except Exception as exc:  # a bug must cost one connection, never the proxy
+            log.exception("%s: unexpected error on broker data", self.conn.name)
+            self.close(f"internal error on broker data: {exc!r}")
+            return
+        self._execute(actions)
+
+    def on_broker_lost(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        # The client sees its connection drop, as if the broker had gone, and retries.
+        detail = f": {exc}" if exc else ""
+        if self.conn.in_flight:
+            log.info("%s %s: broker closed with %d request(s) in flight%s",
+                     self.conn.name, self._peer, self.conn.in_flight, detail)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_client_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_client_reading(self) -> None:
+        if self.transport is not None and not self._closing:
+            self.transport.resume_reading()
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _execute(self, actions: Iterable[object]) -> None:
+        for action in actions:
+            if isinstance(action, ToBroker):
+                if self.upstream is not None and self.upstream.transport is not None:
+                    self.upstream.transport.writelines(action.chunks)
+            elif isinstance(action, ToClient):
+                if self.transport is not None:
+                    self.transport.writelines(action.chunks)
+            elif isinstance(action, BrokersSeen):
+                self.server.learn(action.addresses)
+            elif isinstance(action, Authenticated):
+                log.info("%s from %s authenticated as principal %r (%s)",
+                         self.conn.name, self._peer, action.principal, action.mechanism)
+            elif isinstance(action, Close):
+                self.close(action.reason)
+
+    def close(self, reason: str) -> None:
+        if self._closing:
+            return
+        log.warning("%s from %s closed: %s", self.conn.name, self._peer, reason)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+
+
+class ProxyServer:
+    """The bootstrap listener plus one listener per broker node id."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        if not settings.upstream:
+            raise SettingsError("no upstream bootstrap servers configured")
+        self.settings = settings
+        self.directory = BrokerDirectory()
+        self.sessions: set[ClientSession] = set()
+        self._listeners: dict[int | None, socket.socket] = {}
+        self._serving: list[asyncio.Task[asyncio.AbstractServer]] = []
+        self._rotation = itertools.count()
+
+    # -- addresses ------------------------------------------------------------------------------
+
+    def advertise(self, node_id: int) -> Address:
+        return self.settings.advertised, self.settings.node_port(node_id)
+
+    def upstream_for(self, node_id: int | None) -> list[Address]:
+        """Candidates to connect to: the node's own address, or the bootstrap list rotated."""
+        if node_id is not None:
+            known = self.directory.addresses.get(node_id)
+            return [known] if known else []
+        servers = self.settings.upstream
+        start = next(self._rotation) % len(servers)
+        return servers[start:] + servers[:start]
+
+    @property
+    def bootstrap_address(self) -> Address:
+        host, port = self._listeners[None].getsockname()[:2]
+        return self.settings.advertised if host in ("0.0.0.0", "::") else host, port
+
+    def learn(self, addresses: dict[int, Address]) -> None:
+        for node in self.directory.learn(addresses):
+            self._open_node_listener(node)
+
+    # -- listeners ------------------------------------------------------------------------------
+
+    def _bind(self, port: int) -> socket.socket:
+        """Bind and listen synchronously, so a client that learns the port can connect at once."""
+        host = self.settings.listen[0]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(512)
+        sock.setblocking(False)
+        return sock
+
+    def _open_node_listener(self, node_id: int) -> None:
+        if node_id in self._listeners:
+            return
+        try:
+            sock = self._bind(self.settings.node_port(node_id))
+        except (OSError, SettingsError) as exc:
+            log.error("cannot open the listener for broker %d: %s", node_id, exc)
+            return
+        self._listeners[node_id] = sock
+        loop = asyncio.get_running_loop()
+        self._serving.append(loop.create_task(
+            loop.create_server(lambda: ClientSession(self, node_id), sock=sock)))
+        log.info("broker %d is served on %s:%d", node_id, self.settings.advertised, sock.getsockname()[1])
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = self._bind(self.settings.listen[1])
+        self._listeners[None] = sock
+        self._serving.append(loop.create_task(
+            loop.create_server(lambda: ClientSession(self, None), sock=sock)))
+        try:
+            brokers = await discover_brokers(self.settings.upstream)
+        except Exception as exc:  # SASL-only listeners: learn brokers from client traffic instead
+            log.info("broker discovery skipped (%s); brokers are learned from client metadata", exc)
+        else:
+            self.learn(brokers)
+        await asyncio.gather(*self._serving)
+        log.info("bootstrap listener on %s:%d, upstream %s", *self.bootstrap_address,
+                 ",".join(f"{h}:{p}" for h, p in self.settings.upstream))
+
+    async def close(self) -> None:
+        servers = [server for server in await asyncio.gather(*self._serving, return_exceptions=True)
+                   if isinstance(server, asyncio.AbstractServer)]
+        for server in servers:
+            server.close()
+        for session in list(self.sessions):
+            session.close("proxy shutting down")
+        for server in servers:
+            await server.wait_closed()
