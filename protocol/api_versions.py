@@ -18,7 +18,11 @@ _API_VERSIONS: ApiSpec = KNOWN_APIS[ApiKey.API_VERSIONS]
 
 
 def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
-    """Clamp an ApiVersions response body; returns (new body, number of keys dropped)."""
+    """Clamp an ApiVersions response body; returns (new body, number of keys dropped).
+
+    `api_version` is the version the body is encoded in: the request's for a success, 0 for an
+    UNSUPPORTED_VERSION refusal (kafka-python's decoder reads any error body as v0).
+    """
     cls = _API_VERSIONS.response_class
     try:
         message = cls.decode(body, version=api_version)

@@ -18,7 +18,7 @@ from typing import Any
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
 
 from .addresses import Address, Advertise, needs_rewrite, rewrite_addresses
-from .api_versions import clamp_api_versions, unsupported_version_response
+from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions, unsupported_version_response
 from .apis import KNOWN_APIS, ApiKey, api_name
 from .errors import MalformedBody, MalformedHeader, ProtocolError, UnsupportedVersion
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
@@ -284,8 +284,13 @@ class ProxyConnection:
         if key == ApiKey.API_VERSIONS:
             start = response_body_offset(frame, 0)
             error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
-            # A broker refusing our version answers with a v0 body (KIP-511).
-            body, _ = clamp_api_versions(frame[start:], version if error_code == 0 else 0)
+            if error_code == UNSUPPORTED_VERSION:
+                # The broker refuses the client's version with a v0 body and its range (KIP-511).
+                body, _ = clamp_api_versions(frame[start:], 0)
+                return frame[:start] + body
+            if error_code != 0:
+                return frame  # any other error is in the request's version, with no ranges to clamp
+            body, _ = clamp_api_versions(frame[start:], version)
             return frame[:start] + body
         if key == ApiKey.SASL_HANDSHAKE:
             start = response_body_offset(frame, header_version)

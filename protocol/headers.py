@@ -67,10 +67,8 @@ def parse_request_header(frame: bytes) -> RequestHeader:
             raise MalformedHeader(
                 f"client id of {client_len} bytes runs past the end of a {len(frame)}-byte frame"
             )
-        try:
-            client_id = frame[pos:end].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise MalformedHeader(f"client id is not UTF-8: {frame[pos:end]!r}") from exc
+        # Lenient like the broker's own reader: a client id is a label, not worth a close.
+        client_id = frame[pos:end].decode("utf-8", errors="replace")
         pos = end
     elif client_len != -1:
         raise MalformedHeader(f"client id length {client_len} is negative")

@@ -96,7 +96,8 @@ class SaslExchange:
 
         PLAIN completes on its first answer; SCRAM on the server-final message ("v=...");
         OAUTHBEARER on an empty success answer (a non-empty one is the error challenge).
-        Other mechanisms (GSSAPI) complete when the broker says so, with no known name.
+        For other mechanisms (GSSAPI) the end of the exchange is not visible in the tokens, so
+        the connection keeps the ANONYMOUS principal (a documented limit).
         """
         self.server_tokens += 1
         if self.mechanism in SCRAM_MECHANISMS:
