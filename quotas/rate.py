@@ -1,0 +1,119 @@
+"""Kafka's windowed rate: the `SampledStat` + `Rate` pair every client quota is measured with.
+
+Reproduced from Kafka's behaviour (clients/.../metrics/stats), with time passed in:
+- samples of `window_ms` each; recording into a sample at least one window old moves to the next
+  slot, and `samples + 1` slots are kept (the extra one is what "purge obsolete" relies on);
+- before measuring, a sample whose last event is `samples x window_ms` old or more is reset;
+- the rate divides the sum of all samples by the time since the oldest sample started, padded
+  up to `samples - 1` whole windows when fewer have passed. A new client is therefore measured
+  over at least 10 s by default, and may burst about 10x its quota before it is throttled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Kafka's `quota.window.num` and `quota.window.size.seconds` defaults.
+DEFAULT_SAMPLES = 11
+DEFAULT_WINDOW_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    samples: int = DEFAULT_SAMPLES
+    window_ms: int = DEFAULT_WINDOW_MS
+
+    def __post_init__(self) -> None:
+        if self.samples < 2:
+            raise ValueError(f"quota window samples must be at least 2, got {self.samples}")
+        if self.window_ms < 1:
+            raise ValueError(f"quota window size must be at least 1 ms, got {self.window_ms}")
+
+
+class _Sample:
+    __slots__ = ("events", "last_event_ms", "start_ms", "value")
+
+    def __init__(self, now_ms: int) -> None:
+        self.value = 0.0
+        self.events = 0
+        self.start_ms = now_ms
+        self.last_event_ms = now_ms
+
+    def reset(self, now_ms: int) -> None:
+        self.value = 0.0
+        self.events = 0
+        self.start_ms = now_ms
+        self.last_event_ms = now_ms
+
+
+class WindowedRate:
+    """A rate per second over sampled windows, exactly as Kafka measures quota sensors."""
+
+    __slots__ = ("_current", "_samples", "config")
+
+    def __init__(self, config: WindowConfig = WindowConfig()) -> None:
+        self.config = config
+        self._samples: list[_Sample] = []
+        self._current = 0
+
+    def record(self, value: float, now_ms: int) -> None:
+        sample = self._current_sample(now_ms)
+        if now_ms - sample.start_ms >= self.config.window_ms:
+            sample = self._advance(now_ms)
+        sample.value += value
+        sample.events += 1
+        sample.last_event_ms = now_ms
+
+    def unrecord(self, value: float, now_ms: int) -> None:
+        """Take back a recorded value (Kafka does this for throttled fetches)."""
+        self.record(-value, now_ms)
+
+    def _current_sample(self, now_ms: int) -> _Sample:
+        if not self._samples:
+            self._samples.append(_Sample(now_ms))
+        return self._samples[self._current]
+
+    def _advance(self, now_ms: int) -> _Sample:
+        self._current = (self._current + 1) % (self.config.samples + 1)
+        if self._current >= len(self._samples):
+            sample = _Sample(now_ms)
+            self._samples.append(sample)
+            return sample
+        sample = self._samples[self._current]
+        sample.reset(now_ms)
+        return sample
+
+    def _purge(self, now_ms: int) -> None:
+        expire = self.config.samples * self.config.window_ms
+        for sample in self._samples:
+            if now_ms - sample.last_event_ms >= expire:
+                sample.reset(now_ms)
+
+    def window_ms(self, now_ms: int) -> int:
+        """The time the rate is measured over (Kafka's `Rate.windowSize`), never below 1 ms."""
+        self._purge(now_ms)
+        if not self._samples:
+            self._samples.append(_Sample(now_ms))
+        oldest = min(sample.start_ms for sample in self._samples)
+        elapsed = now_ms - oldest
+        full = elapsed // self.config.window_ms
+        minimum = self.config.samples - 1
+        if full < minimum:
+            elapsed += (minimum - full) * self.config.window_ms
+        return max(elapsed, 1)
+
+    def total(self, now_ms: int) -> float:
+        self._purge(now_ms)
+        return sum(sample.value for sample in self._samples)
+
+    def measure(self, now_ms: int) -> float:
+        """Rate per second at `now_ms`."""
+        window = self.window_ms(now_ms)
+        return sum(sample.value for sample in self._samples) * 1000.0 / window
+
+    @property
+    def idle_since_ms(self) -> int | None:
+        """Time of the last recorded event, for expiring idle buckets."""
+        if not self._samples:
+            return None
+        return max(sample.last_event_ms for sample in self._samples)

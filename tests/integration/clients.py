@@ -1,0 +1,64 @@
+"""Shared helpers for the client tests: a known record set and the checks on what came back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+
+PARTITIONS = 6
+
+
+def topic_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def expected_by_partition(count: int) -> dict[int, list[str]]:
+    """Record i goes to partition i % 6 with value "v<i>": the exact per-partition order."""
+    expected: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    for i in range(count):
+        expected[i % PARTITIONS].append(f"v{i}")
+    return expected
+
+
+def records(count: int) -> Iterable[tuple[int, bytes, bytes]]:
+    """(partition, key, value) in production order."""
+    for i in range(count):
+        yield i % PARTITIONS, f"k{i}".encode(), f"v{i}".encode()
+
+
+def assert_exact(consumed: dict[int, list[str]], count: int) -> None:
+    """Every record exactly once, and each partition in production order."""
+    expected = expected_by_partition(count)
+    for partition in range(PARTITIONS):
+        got = consumed.get(partition, [])
+        want = expected[partition]
+        first_diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        assert got == want, (
+            f"partition {partition}: {len(got)} records, expected {len(want)}; "
+            f"first difference at {first_diff}"
+        )
+
+
+def assert_proxy_addresses(brokers: Iterable[tuple[int, str, int]], proxy_port: int,
+                           node_ids: list[int], real_bootstrap: str) -> None:
+    """Every (node id, host, port) a client learned is the proxy's port for that node."""
+    seen = sorted(brokers)
+    assert [node for node, _, _ in seen] == sorted(node_ids), f"client sees brokers {seen}"
+    real = {tuple(item.rsplit(":", 1)) for item in real_bootstrap.split(",")}
+    for node, host, port in seen:
+        assert (host, port) == ("127.0.0.1", proxy_port + 1 + node), (
+            f"broker {node} is known as {host}:{port}, not the proxy's port {proxy_port + 1 + node}"
+        )
+        assert (host, str(port)) not in real, f"a real broker address leaked: {host}:{port}"
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

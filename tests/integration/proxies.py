@@ -1,0 +1,86 @@
+"""Running the real `kthrottle run` command in front of the real cluster, for integration tests.
+
+The proxy runs as its own process, exactly as users run it, and its log is kept so tests can
+check what it saw (principals, close reasons).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(size: int, start: int = 21000, stop: int = 60000) -> int:
+    """A port P with P .. P+size-1 all free (the proxy maps node N to P + 1 + N)."""
+    for base in range(start, stop, size + 3):
+        if all(_port_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports between {start} and {stop}")
+
+
+class RunningProxy:
+    """`kthrottle run` as a subprocess, with its log in a file."""
+
+    def __init__(self, upstream: str, *, extra_args: list[str] | None = None, max_node_id: int = 9) -> None:
+        self.port = free_port_block(max_node_id + 2)
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.upstream = upstream
+        # Open for the proxy's whole life (closed in stop()), so no context manager.
+        self._log = tempfile.NamedTemporaryFile(prefix="kthrottle-", suffix=".log", delete=False)  # noqa: SIM115
+        self.log_path = Path(self._log.name)
+        cmd = [sys.executable, "-m", "proxy.cli", "run", "--upstream", upstream,
+               "--listen", self.bootstrap, *(extra_args or [])]
+        self.process = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 30
+        while "bootstrap.servers=" not in self.log():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"kthrottle did not start (exit {self.process.returncode}):\n{self.log()}")
+            time.sleep(0.05)
+
+    def node_port(self, node_id: int) -> int:
+        return self.port + 1 + node_id
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            log = self.log()
+            if text in log:
+                return log
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not in the proxy log within {timeout}s:\n{self.log()[-4000:]}")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
