@@ -52,6 +52,18 @@ class ProxySettings:
     metrics_port: int | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     quota_file: Path | None = None
+    #: "mute": answer at once with throttle_time_ms, then stop reading (KIP-219, Kafka >= 2.0);
+    #: "delay": hold the response for the throttle (pre-2.0 brokers), for clients too old to back off.
+    throttle_mode: str = "mute"
+    #: Kafka's quota.window.num and quota.window.size.seconds.
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
+    #: The KIP-936 draft's producer.id.quota.window.num / .size.seconds.
+    producer_id_quota_window_num: int = 11
+    producer_id_quota_window_size_seconds: int = 3600
+    #: At most this many (user, client-id) series per quota type in the metrics; the rest fold
+    #: into one series labelled "__other__".
+    metrics_max_entities: int = 1000
 
     @property
     def node_base(self) -> int:
@@ -94,7 +106,13 @@ def load_settings(path: Path | None) -> ProxySettings:
             settings.upstream = parse_address_list(text, "proxy.upstream")
         elif key == "advertised_host":
             settings.advertised_host = str(value)
-        elif key in ("node_port_base", "metrics_port", "max_request_bytes"):
+        elif key == "throttle_mode":
+            if value not in ("mute", "delay"):
+                raise SettingsError(f"proxy.throttle_mode = {value!r} must be \"mute\" or \"delay\"")
+            settings.throttle_mode = value
+        elif key in ("node_port_base", "metrics_port", "max_request_bytes", "quota_window_num",
+                     "quota_window_size_seconds", "producer_id_quota_window_num",
+                     "producer_id_quota_window_size_seconds", "metrics_max_entities"):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SettingsError(f"proxy.{key} = {value!r} must be a positive integer")
             setattr(settings, key, value)

@@ -12,8 +12,9 @@ reach the client in order; Produce with acks=0 gets no response and takes no pla
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
 
@@ -30,12 +31,48 @@ from .headers import (
     response_correlation_id,
 )
 from .sasl import ANONYMOUS, SaslExchange
+from .throttling import (
+    cap_fetch_bytes,
+    empty_fetch_response,
+    fetch_max_wait_ms,
+    produce_producer_ids,
+    read_throttle,
+    set_throttle,
+)
 
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
 DECODED_APIS = frozenset({
     ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE, ApiKey.FETCH,
     ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
 })
+
+
+#: APIs a broker never charges to the request quota: the client cannot avoid them before it is
+#: authenticated (KIP-124 exempts them), and a proxy must not hold back authentication.
+REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
+class QuotaVerdict(Protocol):
+    @property
+    def throttle_ms(self) -> int: ...
+
+
+class QuotaPolicy(Protocol):
+    """What the connection asks the quota engine (`quotas.engine.QuotaEngine` implements it)."""
+
+    def wants_producer_ids(self, user: str) -> bool: ...
+
+    def fetch_max_bytes(self, user: str, client_id: str) -> int | None: ...
+
+    def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
+               fetch_bytes: int = 0, request_time_ms: float | None = None,
+               producer_ids: Sequence[int] = ()) -> QuotaVerdict: ...
+
+
+ThrottleMode = Literal["mute", "delay"]
+
+#: Called once per answered request: (api key, request bytes, response bytes, latency ms).
+ExchangeObserver = Callable[[int, int, int, float], None]
 
 
 @dataclass(slots=True)
@@ -47,9 +84,20 @@ class ToBroker:
 
 @dataclass(slots=True)
 class ToClient:
-    """Write these chunks to the client (`writelines`)."""
+    """Write these chunks to the client (`writelines`), `delay_ms` from now (throttle_mode "delay").
+
+    Writes keep their order: a later ToClient never overtakes a delayed one.
+    """
 
     chunks: list[bytes]
+    delay_ms: int = 0
+
+
+@dataclass(slots=True)
+class Mute:
+    """Stop reading from the client for `ms` (KIP-219: the client waits out its throttle)."""
+
+    ms: int
 
 
 @dataclass(slots=True)
@@ -74,7 +122,15 @@ class Authenticated:
     mechanism: str
 
 
-Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated
+@dataclass(slots=True)
+class Throttled:
+    """A quota throttled this request (for logs and metrics)."""
+
+    api_key: int
+    throttle_ms: int
+
+
+Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled
 
 
 @dataclass(slots=True)
@@ -86,6 +142,13 @@ class InFlight:
     api_version: int
     client_id: str | None
     local_response: bytes | None = None
+    #: when the request went upstream (the caller's clock, ms)
+    sent_ms: float = 0.0
+    produce_bytes: int = 0
+    producer_ids: Sequence[int] = ()
+    #: a Fetch's long-poll allowance, not charged as request time
+    max_wait_ms: int = 0
+    request_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -130,9 +193,14 @@ class ProxyConnection:
     """Drives one client connection and its upstream broker connection."""
 
     def __init__(self, advertise: Advertise, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 name: str = "connection") -> None:
+                 name: str = "connection", policy: QuotaPolicy | None = None,
+                 throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None) -> None:
         self.name = name
+        self.observer = observer
         self._advertise = advertise
+        self.policy = policy
+        self.throttle_mode = throttle_mode
+        self._now_ms = 0.0
         self._requests = FrameSplitter(max_request_bytes, "request")
         self._responses = FrameSplitter(MAX_RESPONSE_BYTES, "response")
         self._in_flight: deque[InFlight] = deque()
@@ -156,18 +224,22 @@ class ProxyConnection:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def receive_from_client(self, data: bytes) -> list[Action]:
+    def receive_from_client(self, data: bytes, now_ms: float = 0.0) -> list[Action]:
+        """Bytes from the client, at `now_ms` on the caller's monotonic clock."""
         if self._closed is not None:
             return []
+        self._now_ms = now_ms
         self.stats.bytes_from_client += len(data)
         try:
             return self._client_frames(self._requests.feed(data))
         except ProtocolError as exc:
             return self._close(f"client sent bad data: {exc}")
 
-    def receive_from_broker(self, data: bytes) -> list[Action]:
+    def receive_from_broker(self, data: bytes, now_ms: float = 0.0) -> list[Action]:
+        """Bytes from the broker, at `now_ms` on the caller's monotonic clock."""
         if self._closed is not None:
             return []
+        self._now_ms = now_ms
         self.stats.bytes_from_broker += len(data)
         try:
             return self._broker_frames(self._responses.feed(data))
@@ -205,8 +277,17 @@ class ProxyConnection:
                         "the proxy can decode (the client ignored the ApiVersions answer)"
                     )
             expects_response = True
+            entry.sent_ms = self._now_ms
+            entry.request_bytes = len(frame)
             if header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
+                if self.policy is not None:
+                    self._produce_request(entry, frame, header, expects_response, actions)
+            elif header.api_key == ApiKey.FETCH and self.policy is not None:
+                entry.max_wait_ms = max(fetch_max_wait_ms(frame, header), 0)
+                cap = self.policy.fetch_max_bytes(self.principal, header.client_id or "")
+                if cap is not None:
+                    frame = cap_fetch_bytes(frame, header, cap)
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
                 self._sasl = SaslExchange(self._decode_request(frame, header).mechanism)
             elif header.api_key == ApiKey.SASL_AUTHENTICATE:
@@ -219,6 +300,21 @@ class ProxyConnection:
         if upstream:
             actions.insert(0, ToBroker(upstream))
         return actions
+
+    def _produce_request(self, entry: InFlight, frame: bytes, header: RequestHeader,
+                         expects_response: bool, actions: list[Action]) -> None:
+        """Note what a Produce costs; acks=0 has no response, so it is charged (and muted) now."""
+        assert self.policy is not None
+        entry.produce_bytes = len(frame)
+        if self.policy.wants_producer_ids(self.principal):
+            entry.producer_ids = produce_producer_ids(frame, header)
+        if expects_response:
+            return
+        # Kafka exempts acks=0 from the request quota: only bytes and producer ids count.
+        verdict = self.policy.charge(self.principal, header.client_id or "", int(self._now_ms),
+                                     produce_bytes=entry.produce_bytes, producer_ids=entry.producer_ids)
+        if verdict.throttle_ms > 0:
+            actions += (Throttled(ApiKey.PRODUCE, verdict.throttle_ms), Mute(verdict.throttle_ms))
 
     def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
         cls = {ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest,
@@ -260,15 +356,59 @@ class ProxyConnection:
                     f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
                 )
             self.stats.responses += 1
+            if self.observer is not None:
+                self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             frame = self._on_response(entry, frame, actions)
+            throttle_ms = 0
+            if self.policy is not None:
+                frame, throttle_ms = self._charge_response(entry, frame)
+            if throttle_ms > 0:
+                actions.append(Throttled(entry.api_key, throttle_ms))
+                if self.throttle_mode == "delay":
+                    # Hold this response (and, to keep order, all after it) for the throttle.
+                    if downstream:
+                        actions.append(ToClient(downstream))
+                        downstream = []
+                    actions.append(ToClient([_size(len(frame)), frame], delay_ms=throttle_ms))
+                else:
+                    downstream += (_size(len(frame)), frame)
+                    actions.append(ToClient(downstream))
+                    downstream = []
+                actions.append(Mute(throttle_ms))
+                continue
             downstream += (_size(len(frame)), frame)
             while self._in_flight and self._in_flight[0].local_response is not None:
                 local = self._in_flight.popleft().local_response
                 assert local is not None
                 downstream += (_size(len(local)), local)
         if downstream:
-            actions.insert(0, ToClient(downstream))
+            actions.append(ToClient(downstream))
         return actions
+
+    def _charge_response(self, entry: InFlight, frame: bytes) -> tuple[bytes, int]:
+        """Charge a response to the quotas; returns the frame to send and the proxy's throttle."""
+        assert self.policy is not None
+        spec = KNOWN_APIS.get(entry.api_key)
+        if spec is None:
+            return frame, 0
+        body_offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
+        request_time: float | None = None
+        if entry.api_key not in REQUEST_QUOTA_EXEMPT:
+            request_time = max(self._now_ms - entry.sent_ms, 0.0)
+            if entry.api_key == ApiKey.FETCH:
+                # A fetch may wait up to max_wait_ms for data; waiting costs a broker no thread time.
+                request_time = max(request_time - entry.max_wait_ms, 0.0)
+        fetch_bytes = 4 + len(frame) - body_offset if entry.api_key == ApiKey.FETCH else 0
+        verdict = self.policy.charge(self.principal, entry.client_id or "", int(self._now_ms),
+                                     produce_bytes=entry.produce_bytes, fetch_bytes=fetch_bytes,
+                                     request_time_ms=request_time, producer_ids=entry.producer_ids)
+        throttle = verdict.throttle_ms
+        if throttle <= 0:
+            return frame, 0
+        combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
+        if entry.api_key == ApiKey.FETCH:
+            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle
+        return set_throttle(entry.api_key, entry.api_version, frame, body_offset, combined), throttle
 
     def _on_response(self, entry: InFlight, frame: bytes, actions: list[Action]) -> bytes:
         spec = KNOWN_APIS.get(entry.api_key)
@@ -318,6 +458,6 @@ class ProxyConnection:
 
 
 __all__ = [
-    "Action", "Authenticated", "BrokersSeen", "Close", "ConnectionStats", "InFlight",
-    "ProxyConnection", "ToBroker", "ToClient", "produce_acks",
+    "Action", "Authenticated", "BrokersSeen", "Close", "ConnectionStats", "InFlight", "Mute",
+    "ProxyConnection", "QuotaPolicy", "Throttled", "ToBroker", "ToClient", "produce_acks",
 ]

@@ -8,11 +8,16 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvloop
 
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
 
 log = logging.getLogger("kthrottle")
 
@@ -32,11 +37,39 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
     return settings
 
 
+def _load_quotas(server: ProxyServer, path: Path) -> bool:
+    """Apply the quota file; an invalid one is refused whole and the last good quotas stay."""
+    from config.quotas import QuotaConfigError, load_quota_file
+
+    try:
+        table = load_quota_file(path)
+    except QuotaConfigError as exc:
+        log.error("quota file refused, keeping the last good quotas: %s", exc)
+        return False
+    server.engine.set_quotas(table)
+    log.info("quotas from %s: %d entit%s", path, len(table), "y" if len(table) == 1 else "ies")
+    return True
+
+
+async def _expire_idle_buckets(server: ProxyServer) -> None:
+    """Kafka drops a client's quota sensors after an hour idle; check once a minute."""
+    while True:
+        await asyncio.sleep(60)
+        server.engine.expire_idle(int(time.monotonic() * 1000))
+
+
 async def serve(settings: ProxySettings, ready_message: str | None = None) -> None:
-    """Run the proxy until SIGINT or SIGTERM."""
+    """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file."""
     from .server import ProxyServer
 
     server = ProxyServer(settings)
+    if settings.quota_file is not None and not _load_quotas(server, settings.quota_file):
+        raise SettingsError(f"the quota file {settings.quota_file} is invalid (see the log)")
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, registry=server.metrics.registry)
+        print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics", flush=True)
     await server.start()
     host, port = server.bootstrap_address
     print(f"kthrottle: clients use bootstrap.servers={host}:{port}", flush=True)
@@ -46,7 +79,12 @@ async def serve(settings: ProxySettings, ready_message: str | None = None) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if settings.quota_file is not None:
+        quota_file = settings.quota_file
+        loop.add_signal_handler(signal.SIGHUP, lambda: _load_quotas(server, quota_file))
+    expiry = loop.create_task(_expire_idle_buckets(server))
     await stop.wait()
+    expiry.cancel()
     await server.close()
 
 
@@ -66,12 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = stack.enter_context(LocalKafka(brokers=3))
             settings.upstream = parse_address_list(cluster.bootstrap, "embedded cluster")
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
-        if settings.metrics_port:
-            from prometheus_client import start_http_server
-
-            start_http_server(settings.metrics_port)
-            print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics", flush=True)
-        uvloop.run(serve(settings, note))
+        try:
+            uvloop.run(serve(settings, note))
+        except SettingsError as exc:
+            print(f"kthrottle: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
@@ -81,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the proxy (with an embedded cluster when no upstream is set)")
-    run.add_argument("--config", type=Path, help="TOML file with [proxy] settings and [[quota]] tables")
+    run.add_argument("--config", type=Path,
+                     help="TOML file with [proxy] settings and [[quota]] tables (SIGHUP reloads the quotas)")
     run.add_argument("--upstream", help="the cluster's bootstrap servers, H:P[,H:P...]")
     run.add_argument("--listen", help="bootstrap listener H:P (default 127.0.0.1:9192)")
     run.add_argument("--advertised-host", help="host clients are told to connect to")

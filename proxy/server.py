@@ -9,14 +9,33 @@ import asyncio
 import itertools
 import logging
 import socket
+import time
+from collections import deque
 from collections.abc import Iterable
 
 from config.settings import Address, ProxySettings, SettingsError
-from protocol.connection import Authenticated, BrokersSeen, Close, ProxyConnection, ToBroker, ToClient
+from protocol.apis import api_name
+from protocol.connection import (
+    Authenticated,
+    BrokersSeen,
+    Close,
+    Mute,
+    ProxyConnection,
+    Throttled,
+    ToBroker,
+    ToClient,
+)
+from quotas.engine import EngineConfig, QuotaEngine
+from quotas.rate import WindowConfig
 
 from .discovery import discover_brokers
+from .metrics import ProxyMetrics
 
 log = logging.getLogger("kthrottle.proxy")
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000.0
 
 
 class BrokerDirectory:
@@ -72,10 +91,19 @@ class ClientSession(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.upstream: _Upstream | None = None
         self.conn = ProxyConnection(server.advertise, max_request_bytes=server.settings.max_request_bytes,
-                                    name=f"conn-{self.id}")
+                                    name=f"conn-{self.id}", policy=server.engine,
+                                    throttle_mode=server.settings.throttle_mode,  # type: ignore[arg-type]
+                                    observer=server.metrics.exchange)
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._closing = False
         self._peer = "?"
+        #: why the client is not being read: "connecting", "backpressure", "throttle"
+        self._read_blocks: set[str] = set()
+        self._muted_until = 0.0
+        self._unmute: asyncio.TimerHandle | None = None
+        #: responses held back in throttle_mode "delay": (release time ms, chunks), in order
+        self._held: deque[tuple[float, list[bytes]]] = deque()
+        self._release: asyncio.TimerHandle | None = None
 
     # -- client side ----------------------------------------------------------------------------
 
@@ -88,7 +116,8 @@ class ClientSession(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.sessions.add(self)
-        self.transport.pause_reading()
+        self.server.metrics.connections.inc()
+        self._block("connecting")
         asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
@@ -113,8 +142,7 @@ class ClientSession(asyncio.Protocol):
                 pending, self._pending = self._pending, []
                 for data in pending:
                     self.data_received(data)
-            if self.transport is not None and not self._closing:
-                self.transport.resume_reading()
+            self._unblock("connecting")
             return
         target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
         self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})")
@@ -124,7 +152,7 @@ class ClientSession(asyncio.Protocol):
             self._pending.append(data)
             return
         try:
-            actions = self.conn.receive_from_client(data)
+            actions = self.conn.receive_from_client(data, now_ms())
         except Exception as exc:  # a bug must cost one connection, never the proxy
             log.exception("%s: unexpected error on client data", self.conn.name)
             self.close(f"internal error on client data: {exc!r}")
@@ -133,6 +161,13 @@ class ClientSession(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.sessions.discard(self)
+        self.server.metrics.connections.dec()
+        if self._unmute is not None:
+            self._unmute.cancel()
+            self._unmute = None
+            self.server.metrics.muted.dec()
+        if self._release is not None:
+            self._release.cancel()
         self._closing = True
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
@@ -149,7 +184,7 @@ class ClientSession(asyncio.Protocol):
 
     def on_broker_data(self, data: bytes) -> None:
         try:
-            actions = self.conn.receive_from_broker(data)
+            actions = self.conn.receive_from_broker(data, now_ms())
         except Exception as exc:  # a bug must cost one connection, never the proxy
             log.exception("%s: unexpected error on broker data", self.conn.name)
             self.close(f"internal error on broker data: {exc!r}")
@@ -169,12 +204,66 @@ class ClientSession(asyncio.Protocol):
             self.transport.close()
 
     def pause_client_reading(self) -> None:
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._block("backpressure")
 
     def resume_client_reading(self) -> None:
-        if self.transport is not None and not self._closing:
+        self._unblock("backpressure")
+
+    def _block(self, reason: str) -> None:
+        if not self._read_blocks and self.transport is not None:
+            self.transport.pause_reading()
+        self._read_blocks.add(reason)
+
+    def _unblock(self, reason: str) -> None:
+        self._read_blocks.discard(reason)
+        if not self._read_blocks and self.transport is not None and not self._closing:
             self.transport.resume_reading()
+
+    # -- throttling ----------------------------------------------------------------------------
+
+    def _mute(self, ms: int) -> None:
+        """KIP-219: the response went out at once; now stop reading until the throttle passes."""
+        until = now_ms() + ms
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._unmute is None:
+            self.server.metrics.muted.inc()
+        else:
+            self._unmute.cancel()
+        self._block("throttle")
+        self._unmute = asyncio.get_running_loop().call_later(ms / 1000.0, self._end_mute)
+
+    def _end_mute(self) -> None:
+        self._unmute = None
+        self.server.metrics.muted.dec()
+        self._unblock("throttle")
+
+    def _write_client(self, chunks: list[bytes], delay_ms: int) -> None:
+        """Write now, or after `delay_ms`; never ahead of a response still held back."""
+        if self.transport is None:
+            return
+        if delay_ms <= 0 and not self._held:
+            self.transport.writelines(chunks)
+            return
+        release = max(now_ms() + delay_ms, self._held[-1][0] if self._held else 0.0)
+        self._held.append((release, chunks))
+        if self._release is None:
+            self._schedule_release()
+
+    def _schedule_release(self) -> None:
+        delay = max(self._held[0][0] - now_ms(), 0.0) / 1000.0
+        self._release = asyncio.get_running_loop().call_later(delay, self._release_held)
+
+    def _release_held(self) -> None:
+        self._release = None
+        now = now_ms()
+        while self._held and self._held[0][0] <= now + 0.5:
+            _, chunks = self._held.popleft()
+            if self.transport is not None and not self._closing:
+                self.transport.writelines(chunks)
+        if self._held:
+            self._schedule_release()
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -184,8 +273,14 @@ class ClientSession(asyncio.Protocol):
                 if self.upstream is not None and self.upstream.transport is not None:
                     self.upstream.transport.writelines(action.chunks)
             elif isinstance(action, ToClient):
-                if self.transport is not None:
-                    self.transport.writelines(action.chunks)
+                self._write_client(action.chunks, action.delay_ms)
+            elif isinstance(action, Mute):
+                self._mute(action.ms)
+            elif isinstance(action, Throttled):
+                self.server.metrics.throttled.labels(api_name(action.api_key)).inc()
+                log.debug("%s throttled %s for %d ms (principal %r, client id %r)", self.conn.name,
+                          api_name(action.api_key), action.throttle_ms, self.conn.principal,
+                          self.conn.client_id)
             elif isinstance(action, BrokersSeen):
                 self.server.learn(action.addresses)
             elif isinstance(action, Authenticated):
@@ -212,6 +307,12 @@ class ProxyServer:
         if not settings.upstream:
             raise SettingsError("no upstream bootstrap servers configured")
         self.settings = settings
+        self.engine = QuotaEngine(EngineConfig(
+            window=WindowConfig(settings.quota_window_num, settings.quota_window_size_seconds * 1000),
+            pid_window=WindowConfig(settings.producer_id_quota_window_num,
+                                    settings.producer_id_quota_window_size_seconds * 1000),
+        ))
+        self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         self.directory = BrokerDirectory()
         self.sessions: set[ClientSession] = set()
         self._listeners: dict[int | None, socket.socket] = {}

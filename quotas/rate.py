@@ -31,16 +31,14 @@ class WindowConfig:
 
 
 class _Sample:
-    __slots__ = ("events", "last_event_ms", "start_ms", "value")
+    __slots__ = ("events", "last_event_ms", "max", "start_ms", "value")
 
     def __init__(self, now_ms: int) -> None:
-        self.value = 0.0
-        self.events = 0
-        self.start_ms = now_ms
-        self.last_event_ms = now_ms
+        self.reset(now_ms)
 
     def reset(self, now_ms: int) -> None:
         self.value = 0.0
+        self.max = 0.0
         self.events = 0
         self.start_ms = now_ms
         self.last_event_ms = now_ms
@@ -51,8 +49,8 @@ class WindowedRate:
 
     __slots__ = ("_current", "_samples", "config")
 
-    def __init__(self, config: WindowConfig = WindowConfig()) -> None:
-        self.config = config
+    def __init__(self, config: WindowConfig | None = None) -> None:
+        self.config = config or DEFAULT_WINDOW
         self._samples: list[_Sample] = []
         self._current = 0
 
@@ -61,6 +59,8 @@ class WindowedRate:
         if now_ms - sample.start_ms >= self.config.window_ms:
             sample = self._advance(now_ms)
         sample.value += value
+        if value > sample.max:
+            sample.max = value
         sample.events += 1
         sample.last_event_ms = now_ms
 
@@ -106,6 +106,17 @@ class WindowedRate:
         self._purge(now_ms)
         return sum(sample.value for sample in self._samples)
 
+    def average(self, now_ms: int) -> float:
+        """Mean recorded value over the retained samples (Kafka's `Avg` over the same window)."""
+        self._purge(now_ms)
+        events = sum(sample.events for sample in self._samples)
+        return sum(sample.value for sample in self._samples) / events if events else 0.0
+
+    def maximum(self, now_ms: int) -> float:
+        """Largest recorded value over the retained samples (Kafka's `Max`)."""
+        self._purge(now_ms)
+        return max((sample.max for sample in self._samples), default=0.0)
+
     def measure(self, now_ms: int) -> float:
         """Rate per second at `now_ms`."""
         window = self.window_ms(now_ms)
@@ -117,3 +128,7 @@ class WindowedRate:
         if not self._samples:
             return None
         return max(sample.last_event_ms for sample in self._samples)
+
+
+#: Kafka's defaults: 11 samples of 1 s.
+DEFAULT_WINDOW = WindowConfig()

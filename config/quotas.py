@@ -1,0 +1,87 @@
+"""The quota file: `[[quota]]` tables of DESIGN.md, validated the way Kafka validates quotas.
+
+An invalid file is rejected whole, with a message naming the entity, key and value, so the
+proxy keeps running on its last good quotas.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from quotas.engine import QuotaTable
+from quotas.entity import DEFAULT, QuotaEntity
+from quotas.types import QUOTA_KEYS, QuotaType
+
+#: Quota keys kthrottle enforces today (controller_mutation_rate is Kafka's, not enforced yet).
+ENFORCED = frozenset({QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.PRODUCER_IDS})
+
+
+class QuotaConfigError(ValueError):
+    """An invalid quota: the message names the entity, the key and the value."""
+
+
+def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType, float]:
+    """Kafka's rules: a known key, a number > 0, whole numbers for byte rates."""
+    where = f"quota for {entity.describe()}"
+    quota_type = QUOTA_KEYS.get(key)
+    if quota_type is None:
+        raise QuotaConfigError(f"{where}: unknown quota key {key!r} (known: {', '.join(sorted(QUOTA_KEYS))})")
+    if quota_type not in ENFORCED:
+        raise QuotaConfigError(f"{where}: {key} is not supported by kthrottle yet")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise QuotaConfigError(f"{where}: {key} = {value!r} is not a number")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise QuotaConfigError(f"{where}: {key} = {value!r} must be greater than 0")
+    if quota_type.integral and not number.is_integer():
+        raise QuotaConfigError(f"{where}: {key} = {value!r} must be a whole number of bytes per second")
+    if quota_type.user_only and (entity.user is None or entity.client_id is not None):
+        raise QuotaConfigError(f"{where}: {key} applies to user entities only")
+    return quota_type, number
+
+
+def _entity(table: dict[str, Any], index: int) -> QuotaEntity:
+    user = table.get("user")
+    client_id = table.get("client_id")
+    for name, value in (("user", user), ("client_id", client_id)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise QuotaConfigError(f"quota #{index}: {name} = {value!r} must be a non-empty string")
+    if user is None and client_id is None:
+        raise QuotaConfigError(f"quota #{index}: names neither a user nor a client_id")
+    return QuotaEntity(user, client_id)
+
+
+def parse_quotas(data: dict[str, Any]) -> QuotaTable:
+    """The `[[quota]]` tables of a parsed TOML document."""
+    tables = data.get("quota", [])
+    if not isinstance(tables, list):
+        raise QuotaConfigError("`quota` must be an array of tables: write [[quota]]")
+    result: QuotaTable = {}
+    for index, table in enumerate(tables, 1):
+        if not isinstance(table, dict):
+            raise QuotaConfigError(f"quota #{index} is not a table")
+        entity = _entity(table, index)
+        if entity in result:
+            raise QuotaConfigError(f"quota for {entity.describe()} is given twice")
+        values: dict[QuotaType, float] = {}
+        for key, value in table.items():
+            if key in ("user", "client_id"):
+                continue
+            quota_type, number = validate_value(entity, key, value)
+            values[quota_type] = number
+        result[entity] = values
+    return result
+
+
+def load_quota_file(path: Path) -> QuotaTable:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise QuotaConfigError(f"cannot read quota file {path}: {exc}") from exc
+    return parse_quotas(data)
+
+
+__all__ = ["DEFAULT", "QuotaConfigError", "load_quota_file", "parse_quotas", "validate_value"]

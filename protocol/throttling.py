@@ -1,0 +1,146 @@
+"""Body edits that throttling needs: the throttle field, Fetch sizes and records, producer ids.
+
+Where a response's `throttle_time_ms` is its first field (almost every API) it is read and
+patched in place at the body offset. Produce, ApiVersions and OffsetDelete keep it further in,
+so those are decoded and re-encoded, which only happens when there is a throttle to report.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from functools import cache
+from typing import Any
+
+from kafka.protocol.schemas import BaseField
+
+from .apis import KNOWN_APIS, ApiKey
+from .errors import MalformedBody
+from .headers import RequestHeader
+
+_INT32 = 2**31 - 1
+
+#: Offset of `producerId` in a v2 record batch header (base offset 8, length 4, leader epoch 4,
+#: magic 1, crc 4, attributes 2, last offset delta 4, first and max timestamps 8 + 8).
+_BATCH_PRODUCER_ID = 43
+_BATCH_MAGIC = 16
+_BATCH_HEADER = 61
+
+
+class ThrottleField(Enum):
+    NONE = "none"  # no field in this version: muting is the only signal
+    FIRST = "first"  # the first body field: patched in place
+    INSIDE = "inside"  # further in: decode, set, re-encode
+
+
+@cache
+def throttle_field(api_key: int, api_version: int) -> ThrottleField:
+    """Where `throttle_time_ms` sits in this response version, read from Kafka's schema."""
+    spec = KNOWN_APIS.get(api_key)
+    if spec is None:
+        return ThrottleField.NONE
+    present = []
+    for field in spec.response_class.json["fields"]:
+        low, high = BaseField.parse_versions(field["versions"])
+        if low <= api_version <= high and "tag" not in field:
+            present.append(field["name"])
+    if "ThrottleTimeMs" not in present:
+        return ThrottleField.NONE
+    return ThrottleField.FIRST if present[0] == "ThrottleTimeMs" else ThrottleField.INSIDE
+
+
+def _decode(cls: Any, frame: bytes, start: int, version: int, what: str) -> Any:
+    try:
+        return cls.decode(memoryview(frame)[start:], version=version)
+    except Exception as exc:
+        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc
+
+
+def read_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int) -> int:
+    """The broker's own throttle in a response (0 where the field is absent or not first).
+
+    Produce's throttle sits at the end; the proxy reads it only when it decodes the body anyway.
+    """
+    if throttle_field(api_key, api_version) is ThrottleField.FIRST and len(frame) >= body_offset + 4:
+        return int.from_bytes(frame[body_offset : body_offset + 4], "big", signed=True)
+    return 0
+
+
+def set_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int, throttle_ms: int) -> bytes:
+    """The response with `throttle_time_ms` set (no change where the version has no field)."""
+    where = throttle_field(api_key, api_version)
+    value = min(max(throttle_ms, 0), _INT32)
+    if where is ThrottleField.FIRST:
+        return frame[:body_offset] + value.to_bytes(4, "big") + frame[body_offset + 4 :]
+    if where is ThrottleField.INSIDE:
+        spec = KNOWN_APIS[api_key]
+        message = _decode(spec.response_class, frame, body_offset, api_version, f"{spec.name} response")
+        message.throttle_time_ms = value
+        return frame[:body_offset] + bytes(message.encode())
+    return frame
+
+
+def empty_fetch_response(frame: bytes, body_offset: int, api_version: int, throttle_ms: int) -> bytes:
+    """A throttled Fetch answer: every partition's records emptied, all else kept.
+
+    Offsets, high watermarks, errors and the fetch session id stay, so the client simply asks
+    for the same offsets again after the throttle, with or without an incremental session.
+    """
+    spec = KNOWN_APIS[ApiKey.FETCH]
+    message = _decode(spec.response_class, frame, body_offset, api_version, "Fetch response")
+    message.throttle_time_ms = min(max(throttle_ms, 0), _INT32)
+    for topic in message.responses:
+        for partition in topic.partitions:
+            partition.records = b"" if partition.records is not None else None
+    return frame[:body_offset] + bytes(message.encode())
+
+
+def _fetch_sizes_offset(header: RequestHeader) -> int:
+    """Offset of `max_wait_ms` in a Fetch request: after `replica_id`, which v15 moved to a tag."""
+    return header.body_offset + (0 if header.api_version >= 15 else 4)
+
+
+def fetch_max_wait_ms(frame: bytes, header: RequestHeader) -> int:
+    pos = _fetch_sizes_offset(header)
+    if len(frame) < pos + 4:
+        raise MalformedBody(f"Fetch v{header.api_version} request is truncated")
+    return int.from_bytes(frame[pos : pos + 4], "big", signed=True)
+
+
+def cap_fetch_bytes(frame: bytes, header: RequestHeader, cap: int) -> bytes:
+    """Lower `max_bytes` to `cap` and `min_bytes` to at most that, as a broker does for quotas."""
+    pos = _fetch_sizes_offset(header)
+    if len(frame) < pos + 12:
+        raise MalformedBody(f"Fetch v{header.api_version} request is truncated")
+    min_bytes = int.from_bytes(frame[pos + 4 : pos + 8], "big", signed=True)
+    max_bytes = int.from_bytes(frame[pos + 8 : pos + 12], "big", signed=True)
+    new_max = min(max_bytes, cap)
+    new_min = min(min_bytes, new_max)
+    if (new_min, new_max) == (min_bytes, max_bytes):
+        return frame
+    return (frame[: pos + 4] + new_min.to_bytes(4, "big", signed=True)
+            + new_max.to_bytes(4, "big", signed=True) + frame[pos + 12 :])
+
+
+def produce_producer_ids(frame: bytes, header: RequestHeader) -> list[int]:
+    """Producer ids of the v2 record batches in a Produce request (idempotent/transactional only)."""
+    spec = KNOWN_APIS[ApiKey.PRODUCE]
+    message = _decode(spec.request_class, frame, header.body_offset, header.api_version, "Produce request")
+    found: list[int] = []
+    for topic in message.topic_data:
+        for partition in topic.partition_data:
+            records = partition.records
+            if not records:
+                continue
+            data = bytes(records)
+            pos = 0
+            while pos + _BATCH_HEADER <= len(data):
+                length = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+                if data[pos + _BATCH_MAGIC] == 2:
+                    pid = int.from_bytes(data[pos + _BATCH_PRODUCER_ID : pos + _BATCH_PRODUCER_ID + 8],
+                                         "big", signed=True)
+                    if pid >= 0:
+                        found.append(pid)
+                if length <= 0:
+                    break
+                pos += 12 + length
+    return found

@@ -1,0 +1,131 @@
+"""Prometheus metrics: traffic per API from the I/O layer, quota state read from the engine.
+
+Per-entity quota figures are read from the engine only when Prometheus scrapes, so they cost
+nothing per request. Each maps to the broker metric Kafka users know (see README "Metrics").
+Label cardinality is bounded: per quota type at most `max_entities` (user, client-id) series;
+the rest are folded into one series labelled "__other__".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from protocol.apis import api_name
+from quotas.engine import QuotaEngine
+from quotas.types import QuotaType
+
+OTHER = "__other__"
+
+#: name, help and unit conversion of the measured rate, per quota type
+_RATE_FAMILIES: dict[QuotaType, tuple[str, str]] = {
+    QuotaType.PRODUCE: ("kthrottle_produce_byte_rate_bytes_per_second",
+                        "Produce bytes per second per quota bucket (kafka.server:type=Produce byte-rate)"),
+    QuotaType.FETCH: ("kthrottle_fetch_byte_rate_bytes_per_second",
+                      "Fetch bytes per second per quota bucket (kafka.server:type=Fetch byte-rate)"),
+    QuotaType.REQUEST: ("kthrottle_request_time_percent",
+                        "Request time as % of one thread per quota bucket (kafka.server:type=Request "
+                        "request-time); a proxy-side approximation, see README"),
+    QuotaType.PRODUCER_IDS: ("kthrottle_producer_id_rate_per_second",
+                             "New producer ids per second per user (KIP-936 draft)"),
+}
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class QuotaCollector(Collector):
+    """Reads every quota bucket of the engine at scrape time."""
+
+    def __init__(self, engine: QuotaEngine, max_entities: int) -> None:
+        self.engine = engine
+        self.max_entities = max_entities
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        now = _monotonic_ms()
+        labels = ["quota", "user", "client_id"]
+        limit = GaugeMetricFamily("kthrottle_quota_limit",
+                                  "The quota bound in force, in the quota's own unit", labels=labels)
+        throttle_avg = GaugeMetricFamily(
+            "kthrottle_throttle_time_avg_seconds",
+            "Average throttle time over the quota window (kafka.server throttle-time avg)", labels=labels)
+        throttle_max = GaugeMetricFamily(
+            "kthrottle_throttle_time_max_seconds",
+            "Largest throttle time over the quota window (kafka.server throttle-time max)", labels=labels)
+        throttle_total = CounterMetricFamily(
+            "kthrottle_throttle_time_seconds", "Throttle time decided by each quota", labels=labels)
+        throttles = CounterMetricFamily(
+            "kthrottle_throttles", "Responses throttled by each quota", labels=labels)
+        rates = {quota_type: GaugeMetricFamily(name, text, labels=labels)
+                 for quota_type, (name, text) in _RATE_FAMILIES.items()}
+        for quota_type, manager in self.engine.managers.items():
+            folded: dict[str, float] = {}
+            for index, (key, bucket) in enumerate(list(manager.buckets.items())):
+                rate = bucket.rate.measure(now)
+                avg = bucket.throttle.average(now) / 1000.0
+                peak = bucket.throttle.maximum(now) / 1000.0
+                if index >= self.max_entities:
+                    folded["rate"] = folded.get("rate", 0.0) + rate
+                    folded["max"] = max(folded.get("max", 0.0), peak)
+                    folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
+                    folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
+                    continue
+                values = [quota_type.value, key.user, key.client_id]
+                rates[quota_type].add_metric(values, rate)
+                limit.add_metric(values, bucket.bound)
+                throttle_avg.add_metric(values, avg)
+                throttle_max.add_metric(values, peak)
+                throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)
+                throttles.add_metric(values, bucket.throttle_count)
+            if folded:
+                values = [quota_type.value, OTHER, OTHER]
+                rates[quota_type].add_metric(values, folded["rate"])
+                throttle_max.add_metric(values, folded["max"])
+                throttle_total.add_metric(values, folded["total"])
+                throttles.add_metric(values, folded["count"])
+        yield from rates.values()
+        yield from (limit, throttle_avg, throttle_max, throttle_total, throttles)
+
+
+class ProxyMetrics:
+    """The proxy's own metrics, in one registry (so tests and embedding stay isolated)."""
+
+    def __init__(self, engine: QuotaEngine, max_entities: int = 1000,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.connections = Gauge("kthrottle_connections", "Open client connections", registry=r)
+        self.muted = Gauge("kthrottle_muted_connections",
+                           "Client connections not being read while a throttle passes "
+                           "(kafka.network queue of throttled channels)", registry=r)
+        self.requests = Counter("kthrottle_requests", "Requests forwarded, per API", ["api"], registry=r)
+        self.request_bytes = Counter("kthrottle_request_bytes", "Request bytes from clients, per API",
+                                     ["api"], registry=r)
+        self.response_bytes = Counter("kthrottle_response_bytes", "Response bytes to clients, per API",
+                                      ["api"], registry=r)
+        self.latency = Histogram("kthrottle_upstream_latency_seconds",
+                                 "Time from forwarding a request to its broker response, per API", ["api"],
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                          1.0, 2.5, 5.0, 10.0), registry=r)
+        self.throttled = Counter("kthrottle_throttled_responses", "Responses the proxy throttled, per API",
+                                 ["api"], registry=r)
+        r.register(QuotaCollector(engine, max_entities))
+        self._children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
+
+    def exchange(self, api_key: int, request_bytes: int, response_bytes: int, latency_ms: float) -> None:
+        """One request answered (called by the connection; label children are cached)."""
+        children = self._children.get(api_key)
+        if children is None:
+            name = api_name(api_key)
+            children = (self.requests.labels(name), self.request_bytes.labels(name),
+                        self.response_bytes.labels(name), self.latency.labels(name))
+            self._children[api_key] = children
+        children[0].inc()
+        children[1].inc(request_bytes)
+        children[2].inc(response_bytes)
+        children[3].observe(latency_ms / 1000.0)

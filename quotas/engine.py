@@ -1,0 +1,127 @@
+"""All of a client's quotas together: what one request costs and how long to throttle it.
+
+The proxy calls `charge` once per request, when the response is ready (for Produce with acks=0,
+when the request arrives), with everything the request used. Like a broker, the throttle is the
+largest of the violated quotas, and only that quota's throttle-time sensor records it (a tie goes
+to the request quota). A throttled Fetch is not counted against the byte rate, since its records
+are not delivered (Kafka un-records it and answers empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .entity import QuotaEntity
+from .manager import Charge, ClientQuotaManager
+from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
+from .rate import DEFAULT_WINDOW, WindowConfig
+from .types import QuotaType
+
+#: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
+QuotaTable = dict[QuotaEntity, dict[QuotaType, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    window: WindowConfig = DEFAULT_WINDOW
+    pid_window: WindowConfig = field(
+        default_factory=lambda: WindowConfig(DEFAULT_PID_WINDOW_SAMPLES, DEFAULT_PID_WINDOW_MS))
+    pid_filter_capacity: int = 10_000
+    pid_false_positive_rate: float = 0.01
+    pid_max_users: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    throttle_ms: int
+    #: The quota whose throttle was largest (None when not throttled).
+    quota: QuotaType | None = None
+
+
+NO_THROTTLE = Verdict(0)
+
+
+class QuotaEngine:
+    """Kafka's client quota managers side by side, plus the KIP-936 producer-id quota."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        window = config.window
+        self.managers: dict[QuotaType, ClientQuotaManager] = {
+            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window),
+            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window),
+            QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window,
+                                                  max_throttle_ms=window.window_ms),
+            QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window),
+        }
+        self.producer_ids = ProducerIdTracker(config.pid_window.window_ms, config.pid_filter_capacity,
+                                              config.pid_false_positive_rate, config.pid_max_users)
+        self.table: QuotaTable = {}
+
+    def set_quotas(self, table: QuotaTable) -> None:
+        """Apply a new configuration; buckets whose key is unchanged keep their history."""
+        self.table = {entity: dict(values) for entity, values in table.items()}
+        for quota_type, manager in self.managers.items():
+            manager.set_quotas({entity: values[quota_type] for entity, values in table.items()
+                                if quota_type in values})
+
+    # -- what the proxy asks before forwarding ----------------------------------------------------
+
+    def wants_producer_ids(self, user: str) -> bool:
+        """Whether Produce requests of `user` must be opened to read their producer ids."""
+        if not self.table:
+            return False
+        return self.managers[QuotaType.PRODUCER_IDS].resolve(user, "") is not None
+
+    def fetch_max_bytes(self, user: str, client_id: str) -> int | None:
+        """Kafka lowers a consumer's fetch size to what its quota allows in one full window."""
+        if not self.table:
+            return None
+        cap = self.managers[QuotaType.FETCH].max_value_in_window(user, client_id)
+        return None if cap is None else max(1, int(cap))
+
+    # -- charging -----------------------------------------------------------------------------
+
+    def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
+               fetch_bytes: int = 0, request_time_ms: float | None = None,
+               producer_ids: Sequence[int] = ()) -> Verdict:
+        """Record one request's usage on every quota that applies; return the throttle."""
+        if not self.table:
+            return NO_THROTTLE
+        charges: list[tuple[QuotaType, Charge, float]] = []
+        if produce_bytes:
+            charges.append((QuotaType.PRODUCE, self.managers[QuotaType.PRODUCE].record(
+                user, client_id, produce_bytes, now_ms), produce_bytes))
+        if fetch_bytes:
+            charges.append((QuotaType.FETCH, self.managers[QuotaType.FETCH].record(
+                user, client_id, fetch_bytes, now_ms), fetch_bytes))
+        if producer_ids:
+            new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
+            if new:
+                charges.append((QuotaType.PRODUCER_IDS, self.managers[QuotaType.PRODUCER_IDS].record(
+                    user, "", new, now_ms), new))
+        if request_time_ms is not None:
+            # Kafka charges request time as a percentage of one thread: ms * 100 / 1000 per second.
+            value = request_time_ms / 10.0
+            charges.append((QuotaType.REQUEST, self.managers[QuotaType.REQUEST].record(
+                user, client_id, value, now_ms), value))
+        worst: tuple[QuotaType, Charge] | None = None
+        for quota_type, charge, _ in charges:
+            if charge.throttle_ms <= 0:
+                continue
+            if (worst is None or charge.throttle_ms > worst[1].throttle_ms
+                    or (charge.throttle_ms == worst[1].throttle_ms and quota_type is QuotaType.REQUEST)):
+                worst = (quota_type, charge)
+        if worst is None:
+            return NO_THROTTLE
+        quota_type, charge = worst
+        self.managers[quota_type].record_throttle(charge, charge.throttle_ms, now_ms)
+        if fetch_bytes:
+            for charged_type, fetch_charge, value in charges:
+                if charged_type is QuotaType.FETCH:
+                    self.managers[QuotaType.FETCH].unrecord(fetch_charge, value, now_ms)
+        return Verdict(charge.throttle_ms, quota_type)
+
+    def expire_idle(self, now_ms: int) -> int:
+        return sum(manager.expire_idle(now_ms) for manager in self.managers.values())
