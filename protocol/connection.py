@@ -144,11 +144,11 @@ class InFlight:
     local_response: bytes | None = None
     #: when the request went upstream (the caller's clock, ms)
     sent_ms: float = 0.0
-    produce_bytes: int = 0
-    producer_ids: Sequence[int] = ()
     #: a Fetch's long-poll allowance, not charged as request time
     max_wait_ms: int = 0
     request_bytes: int = 0
+    #: throttle already decided when the request arrived (Produce bytes, producer ids)
+    throttle_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -282,7 +282,7 @@ class ProxyConnection:
             if header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
                 if self.policy is not None:
-                    self._produce_request(entry, frame, header, expects_response, actions)
+                    self._produce_request(entry, frame, header, actions)
             elif header.api_key == ApiKey.FETCH and self.policy is not None:
                 entry.max_wait_ms = max(fetch_max_wait_ms(frame, header), 0)
                 cap = self.policy.fetch_max_bytes(self.principal, header.client_id or "")
@@ -302,18 +302,21 @@ class ProxyConnection:
         return actions
 
     def _produce_request(self, entry: InFlight, frame: bytes, header: RequestHeader,
-                         expects_response: bool, actions: list[Action]) -> None:
-        """Note what a Produce costs; acks=0 has no response, so it is charged (and muted) now."""
+                         actions: list[Action]) -> None:
+        """Charge a Produce's bytes and new producer ids as it arrives, and mute at once if over.
+
+        A broker charges them when the response is ready, but it reads one request per connection
+        at a time; the proxy forwards pipelined requests, so it charges on arrival to stop a
+        pipelining producer as early as a broker would. The throttle goes into the response.
+        """
         assert self.policy is not None
-        entry.produce_bytes = len(frame)
+        producer_ids: Sequence[int] = ()
         if self.policy.wants_producer_ids(self.principal):
-            entry.producer_ids = produce_producer_ids(frame, header)
-        if expects_response:
-            return
-        # Kafka exempts acks=0 from the request quota: only bytes and producer ids count.
+            producer_ids = produce_producer_ids(frame, header)
         verdict = self.policy.charge(self.principal, header.client_id or "", int(self._now_ms),
-                                     produce_bytes=entry.produce_bytes, producer_ids=entry.producer_ids)
+                                     produce_bytes=len(frame), producer_ids=producer_ids)
         if verdict.throttle_ms > 0:
+            entry.throttle_ms = verdict.throttle_ms
             actions += (Throttled(ApiKey.PRODUCE, verdict.throttle_ms), Mute(verdict.throttle_ms))
 
     def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
@@ -359,11 +362,12 @@ class ProxyConnection:
             if self.observer is not None:
                 self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             frame = self._on_response(entry, frame, actions)
-            throttle_ms = 0
+            throttle_ms = mute_ms = 0
             if self.policy is not None:
-                frame, throttle_ms = self._charge_response(entry, frame)
+                frame, throttle_ms, mute_ms = self._charge_response(entry, frame)
             if throttle_ms > 0:
-                actions.append(Throttled(entry.api_key, throttle_ms))
+                if mute_ms > 0:
+                    actions.append(Throttled(entry.api_key, mute_ms))
                 if self.throttle_mode == "delay":
                     # Hold this response (and, to keep order, all after it) for the throttle.
                     if downstream:
@@ -374,7 +378,8 @@ class ProxyConnection:
                     downstream += (_size(len(frame)), frame)
                     actions.append(ToClient(downstream))
                     downstream = []
-                actions.append(Mute(throttle_ms))
+                if mute_ms > 0:
+                    actions.append(Mute(mute_ms))
                 continue
             downstream += (_size(len(frame)), frame)
             while self._in_flight and self._in_flight[0].local_response is not None:
@@ -385,12 +390,16 @@ class ProxyConnection:
             actions.append(ToClient(downstream))
         return actions
 
-    def _charge_response(self, entry: InFlight, frame: bytes) -> tuple[bytes, int]:
-        """Charge a response to the quotas; returns the frame to send and the proxy's throttle."""
+    def _charge_response(self, entry: InFlight, frame: bytes) -> tuple[bytes, int, int]:
+        """Charge a response to the quotas.
+
+        Returns the frame to send, the throttle it reports (including one decided when the
+        request arrived) and how long to mute from now (0 when the request's mute covers it).
+        """
         assert self.policy is not None
         spec = KNOWN_APIS.get(entry.api_key)
         if spec is None:
-            return frame, 0
+            return frame, 0, 0
         body_offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
         request_time: float | None = None
         if entry.api_key not in REQUEST_QUOTA_EXEMPT:
@@ -400,15 +409,15 @@ class ProxyConnection:
                 request_time = max(request_time - entry.max_wait_ms, 0.0)
         fetch_bytes = 4 + len(frame) - body_offset if entry.api_key == ApiKey.FETCH else 0
         verdict = self.policy.charge(self.principal, entry.client_id or "", int(self._now_ms),
-                                     produce_bytes=entry.produce_bytes, fetch_bytes=fetch_bytes,
-                                     request_time_ms=request_time, producer_ids=entry.producer_ids)
-        throttle = verdict.throttle_ms
+                                     fetch_bytes=fetch_bytes, request_time_ms=request_time)
+        mute = verdict.throttle_ms if verdict.throttle_ms > entry.throttle_ms else 0
+        throttle = max(verdict.throttle_ms, entry.throttle_ms)
         if throttle <= 0:
-            return frame, 0
+            return frame, 0, 0
         combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
         if entry.api_key == ApiKey.FETCH:
-            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle
-        return set_throttle(entry.api_key, entry.api_version, frame, body_offset, combined), throttle
+            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle, mute
+        return set_throttle(entry.api_key, entry.api_version, frame, body_offset, combined), throttle, mute
 
     def _on_response(self, entry: InFlight, frame: bytes, actions: list[Action]) -> bytes:
         spec = KNOWN_APIS.get(entry.api_key)

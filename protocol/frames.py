@@ -48,8 +48,10 @@ class FrameSplitter:
                 )
             if end - pos - 4 < size:
                 break
-            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
+            pos += 4
+            with memoryview(buf) as view:  # one copy per frame, not two
+                frames.append(bytes(view[pos : pos + size]))
+            pos += size
         if pos:
             del buf[:pos]
         return frames
