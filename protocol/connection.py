@@ -60,6 +60,8 @@ class QuotaVerdict(Protocol):
 class QuotaPolicy(Protocol):
     """What the connection asks the quota engine (`quotas.engine.QuotaEngine` implements it)."""
 
+    def hold_ms(self, user: str, client_id: str, api_key: int, now_ms: int) -> int: ...
+
     def wants_producer_ids(self, user: str) -> bool: ...
 
     def fetch_max_bytes(self, user: str, client_id: str) -> int | None: ...
@@ -77,9 +79,13 @@ ExchangeObserver = Callable[[int, int, int, float], None]
 
 @dataclass(slots=True)
 class ToBroker:
-    """Write these chunks to the broker (`writelines`)."""
+    """Write these chunks to the broker (`writelines`), `delay_ms` from now.
+
+    A delay holds requests whose quota bucket is throttled; writes keep their order.
+    """
 
     chunks: list[bytes]
+    delay_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -279,6 +285,18 @@ class ProxyConnection:
             expects_response = True
             entry.sent_ms = self._now_ms
             entry.request_bytes = len(frame)
+            hold = 0
+            if self.policy is not None and header.api_key not in REQUEST_QUOTA_EXEMPT:
+                hold = self.policy.hold_ms(self.principal, header.client_id or "", header.api_key,
+                                           int(self._now_ms))
+                if hold > 0:
+                    # The bucket is throttled (maybe on another connection): this request waits
+                    # as it would in a muted broker socket, and the client is not read meanwhile.
+                    if upstream:
+                        actions.append(ToBroker(upstream))
+                        upstream = []
+                    entry.sent_ms += hold
+                    actions.append(Mute(hold))
             if header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
                 if self.policy is not None:
@@ -296,9 +314,12 @@ class ProxyConnection:
                 self._sasl.client_token(bytes(self._decode_request(frame, header).auth_bytes))
             if expects_response:
                 self._in_flight.append(entry)
+            if hold > 0:
+                actions.append(ToBroker([_size(len(frame)), frame], delay_ms=hold))
+                continue
             upstream += (_size(len(frame)), frame)
         if upstream:
-            actions.insert(0, ToBroker(upstream))
+            actions.append(ToBroker(upstream))
         return actions
 
     def _produce_request(self, entry: InFlight, frame: bytes, header: RequestHeader,

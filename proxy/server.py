@@ -55,6 +55,49 @@ class BrokerDirectory:
         return new
 
 
+class OrderedWriter:
+    """Writes to a transport now or after a delay, never letting a write overtake a held one.
+
+    Used in both directions: responses held in throttle_mode "delay", and requests held while
+    their quota bucket is throttled.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._held: deque[tuple[float, list[bytes]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def write(self, chunks: list[bytes], delay_ms: int) -> None:
+        if delay_ms <= 0 and not self._held:
+            if self.transport is not None:
+                self.transport.writelines(chunks)
+            return
+        release = max(now_ms() + delay_ms, self._held[-1][0] if self._held else 0.0)
+        self._held.append((release, chunks))
+        if self._timer is None:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        delay = max(self._held[0][0] - now_ms(), 0.0) / 1000.0
+        self._timer = asyncio.get_running_loop().call_later(delay, self._release)
+
+    def _release(self) -> None:
+        self._timer = None
+        now = now_ms()
+        while self._held and self._held[0][0] <= now + 0.5:
+            _, chunks = self._held.popleft()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.writelines(chunks)
+        if self._held:
+            self._schedule()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._held.clear()
+
+
 class _Upstream(asyncio.Protocol):
     """The broker side of one proxied connection."""
 
@@ -101,15 +144,15 @@ class ClientSession(asyncio.Protocol):
         self._read_blocks: set[str] = set()
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
-        #: responses held back in throttle_mode "delay": (release time ms, chunks), in order
-        self._held: deque[tuple[float, list[bytes]]] = deque()
-        self._release: asyncio.TimerHandle | None = None
+        self._to_client = OrderedWriter()
+        self._to_broker = OrderedWriter()
 
     # -- client side ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
         self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self._to_client.transport = self.transport
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         sock = transport.get_extra_info("socket")
@@ -135,6 +178,7 @@ class ClientSession(asyncio.Protocol):
                 protocol.transport.close()  # type: ignore[attr-defined]
                 return
             self.upstream = protocol  # type: ignore[assignment]
+            self._to_broker.transport = protocol.transport  # type: ignore[attr-defined]
             sock = protocol.transport.get_extra_info("socket")  # type: ignore[attr-defined]
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -166,8 +210,8 @@ class ClientSession(asyncio.Protocol):
             self._unmute.cancel()
             self._unmute = None
             self.server.metrics.muted.dec()
-        if self._release is not None:
-            self._release.cancel()
+        self._to_client.close()
+        self._to_broker.close()
         self._closing = True
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
@@ -239,41 +283,14 @@ class ClientSession(asyncio.Protocol):
         self.server.metrics.muted.dec()
         self._unblock("throttle")
 
-    def _write_client(self, chunks: list[bytes], delay_ms: int) -> None:
-        """Write now, or after `delay_ms`; never ahead of a response still held back."""
-        if self.transport is None:
-            return
-        if delay_ms <= 0 and not self._held:
-            self.transport.writelines(chunks)
-            return
-        release = max(now_ms() + delay_ms, self._held[-1][0] if self._held else 0.0)
-        self._held.append((release, chunks))
-        if self._release is None:
-            self._schedule_release()
-
-    def _schedule_release(self) -> None:
-        delay = max(self._held[0][0] - now_ms(), 0.0) / 1000.0
-        self._release = asyncio.get_running_loop().call_later(delay, self._release_held)
-
-    def _release_held(self) -> None:
-        self._release = None
-        now = now_ms()
-        while self._held and self._held[0][0] <= now + 0.5:
-            _, chunks = self._held.popleft()
-            if self.transport is not None and not self._closing:
-                self.transport.writelines(chunks)
-        if self._held:
-            self._schedule_release()
-
     # -- actions --------------------------------------------------------------------------------
 
     def _execute(self, actions: Iterable[object]) -> None:
         for action in actions:
             if isinstance(action, ToBroker):
-                if self.upstream is not None and self.upstream.transport is not None:
-                    self.upstream.transport.writelines(action.chunks)
+                self._to_broker.write(action.chunks, action.delay_ms)
             elif isinstance(action, ToClient):
-                self._write_client(action.chunks, action.delay_ms)
+                self._to_client.write(action.chunks, action.delay_ms)
             elif isinstance(action, Mute):
                 self._mute(action.ms)
             elif isinstance(action, Throttled):

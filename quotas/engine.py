@@ -41,6 +41,10 @@ class Verdict:
 
 NO_THROTTLE = Verdict(0)
 
+#: Kafka API keys (quotas/ does not import protocol/).
+_PRODUCE = 0
+_FETCH = 1
+
 
 class QuotaEngine:
     """Kafka's client quota managers side by side, plus the KIP-936 producer-id quota."""
@@ -80,6 +84,25 @@ class QuotaEngine:
             return None
         cap = self.managers[QuotaType.FETCH].max_value_in_window(user, client_id)
         return None if cap is None else max(1, int(cap))
+
+    def hold_ms(self, user: str, client_id: str, api_key: int, now_ms: int) -> int:
+        """How long a request must wait because its bucket is throttled on another connection.
+
+        A broker holds a throttled client by not reading its connection; the proxy fronts the
+        whole cluster, so a client's other connections (one per broker) must wait too, or each
+        of them would slip one more request past the quota. Produce waits for the produce and
+        producer-id buckets, Fetch for the fetch bucket, and every request for the request quota.
+        """
+        if not self.table:
+            return 0
+        managers = self.managers
+        wait = managers[QuotaType.REQUEST].remaining_throttle_ms(user, client_id, now_ms)
+        if api_key == _PRODUCE:
+            wait = max(wait, managers[QuotaType.PRODUCE].remaining_throttle_ms(user, client_id, now_ms),
+                       managers[QuotaType.PRODUCER_IDS].remaining_throttle_ms(user, "", now_ms))
+        elif api_key == _FETCH:
+            wait = max(wait, managers[QuotaType.FETCH].remaining_throttle_ms(user, client_id, now_ms))
+        return wait
 
     # -- charging -----------------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ class Bucket:
     bound: float = 0.0
     throttle_total_ms: int = 0
     throttle_count: int = 0
+    #: end of the latest throttle this bucket caused: until then, every connection charging
+    #: the bucket holds such requests back (the proxy's scope is the whole cluster)
+    throttled_until_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,16 @@ class ClientQuotaManager:
             throttle = throttle_time_ms(observed, bound, window_ms)
         else:
             throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
+        bucket.throttled_until_ms = max(bucket.throttled_until_ms, now_ms + throttle)
         return Charge(key, bound, observed, throttle)
+
+    def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
+        """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""
+        found = resolve(self.quotas, user, client_id) if self.quotas else None
+        if found is None:
+            return 0
+        bucket = self.buckets.get(found[0])
+        return 0 if bucket is None else max(bucket.throttled_until_ms - now_ms, 0)
 
     def unrecord(self, charge: Charge, value: float, now_ms: int) -> None:
         """Take a recording back (a throttled fetch's bytes are not sent, so not counted)."""
