@@ -1,10 +1,10 @@
-"""Round-trip latency of one small acks=1 Produce, direct to the leader vs through the proxy.
+"""Round-trip latency of one small acks=1 Produce, direct to the leader vs through proxies.
 
 Why a raw socket: a client library adds its own queues, timers and threads (librdkafka's linger,
 its I/O thread hand-off), whose jitter is larger than what the proxy adds. A blocking socket that
 sends one prepared ProduceRequest and reads its response measures the wire plus the proxy, nothing
-else, to the microsecond. Both paths use the same kind of connection to the same leader broker, and
-are measured in interleaved blocks so that background work on the machine hits both alike.
+else, to the microsecond. Every path uses the same kind of connection to the same leader broker, and
+all are measured in interleaved blocks so that background work on the machine hits them alike.
 """
 
 from __future__ import annotations
@@ -172,17 +172,18 @@ class RawProducer:
         self.sock.close()
 
 
-def measure(direct: tuple[str, int], proxied: tuple[str, int], topic: str, partition: int, *,
+def measure(targets: dict[str, tuple[str, int]], topic: str, partition: int, *,
             versions: tuple[int, ...] = (PRODUCE_VERSION,), warmup: int = 500, samples: int = 5_000,
-            block: int = 250, time_limit_s: float = 90.0) -> dict[int, tuple[LatencyResult, LatencyResult]]:
-    """Interleave blocks of round trips on both paths and every version; (direct, proxy) by version.
+            block: int = 250, time_limit_s: float = 90.0) -> dict[int, dict[str, LatencyResult]]:
+    """Interleave blocks of round trips on every path and version; {version: {path: result}}.
 
+    `targets` maps a path name ("direct", "proxy", ...) to the address that path sends to.
     Interleaving in blocks (not one long run each) spreads any slow spell of the machine, a broker
     GC or log roll, and the brokers' JIT warming up, over every series alike. The time limit bounds
     the whole measurement: when reached, fewer samples are kept, and the caller sees how many.
     """
     clients = [RawProducer(path, address, topic, partition, version)
-               for version in versions for path, address in (("direct", direct), ("proxy", proxied))]
+               for version in versions for path, address in targets.items()]
     results: dict[RawProducer, list[float]] = {c: [] for c in clients}
     deadline = time.monotonic() + time_limit_s
     try:
@@ -202,9 +203,6 @@ def measure(direct: tuple[str, int], proxied: tuple[str, int], topic: str, parti
     finally:
         for client in clients:
             client.close()
-    found: dict[int, tuple[LatencyResult, LatencyResult]] = {}
-    for version in versions:
-        direct_client, proxy_client = (c for c in clients if c.version == version)
-        found[version] = (LatencyResult("direct", sorted(results[direct_client])),
-                          LatencyResult("proxy", sorted(results[proxy_client])))
-    return found
+    return {version: {c.path: LatencyResult(c.path, sorted(results[c]))
+                      for c in clients if c.version == version}
+            for version in versions}

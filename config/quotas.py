@@ -28,7 +28,8 @@ def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType
     where = f"quota for {entity.describe()}"
     quota_type = QUOTA_KEYS.get(key)
     if quota_type is None:
-        raise QuotaConfigError(f"{where}: unknown quota key {key!r} (known: {', '.join(sorted(QUOTA_KEYS))})")
+        raise QuotaConfigError(f"{where}: unknown quota key {key} = {value!r} "
+                               f"(known: {', '.join(sorted(QUOTA_KEYS))})")
     if quota_type not in ENFORCED:
         raise QuotaConfigError(f"{where}: {key} is not supported by kthrottle yet")
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -39,7 +40,7 @@ def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType
     if quota_type.integral and not number.is_integer():
         raise QuotaConfigError(f"{where}: {key} = {value!r} must be a whole number of bytes per second")
     if quota_type.user_only and (entity.user is None or entity.client_id is not None):
-        raise QuotaConfigError(f"{where}: {key} applies to user entities only")
+        raise QuotaConfigError(f"{where}: {key} = {value!r} applies to user entities only")
     return quota_type, number
 
 

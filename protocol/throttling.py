@@ -74,7 +74,7 @@ def set_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int,
     if where is ThrottleField.INSIDE:
         spec = KNOWN_APIS[api_key]
         message = _decode(spec.response_class, frame, body_offset, api_version, f"{spec.name} response")
-        message.throttle_time_ms = value
+        message.throttle_time_ms = max(message.throttle_time_ms or 0, value)  # a broker's may be larger
         return frame[:body_offset] + bytes(message.encode())
     return frame
 

@@ -68,7 +68,8 @@ class QuotaEngine:
         self.table = {entity: dict(values) for entity, values in table.items()}
         for quota_type, manager in self.managers.items():
             manager.set_quotas({entity: values[quota_type] for entity, values in table.items()
-                                if quota_type in values})
+                                if quota_type in values
+                                and not (quota_type.user_only and entity.client_id is not None)})
 
     # -- what the proxy asks before forwarding ----------------------------------------------------
 

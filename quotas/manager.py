@@ -18,6 +18,8 @@ from .types import QuotaType
 #: Kafka expires a client's quota sensors after an hour without traffic.
 IDLE_EXPIRY_MS = 3600 * 1000
 
+_RESOLVED_MAX = 100_000
+
 
 @dataclass(slots=True)
 class Bucket:
@@ -59,13 +61,27 @@ class ClientQuotaManager:
         self.max_throttle_ms = max_throttle_ms
         self.quotas: dict[QuotaEntity, float] = {}
         self.buckets: dict[BucketKey, Bucket] = {}
+        #: (user, client-id) -> its bucket and bound; resolving walks 8 levels, so it is cached
+        #: until the quotas change (bounded: cleared when it grows past _RESOLVED_MAX entries)
+        self._resolved: dict[tuple[str, str], tuple[BucketKey, float] | None] = {}
 
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
         self.quotas = dict(quotas)
+        self._resolved = {}
 
     def resolve(self, user: str, client_id: str) -> tuple[BucketKey, float] | None:
-        return resolve(self.quotas, user, client_id)
+        if not self.quotas:
+            return None
+        key = (user, client_id)
+        try:
+            return self._resolved[key]
+        except KeyError:
+            pass
+        if len(self._resolved) >= _RESOLVED_MAX:
+            self._resolved.clear()
+        found = self._resolved[key] = resolve(self.quotas, user, client_id)
+        return found
 
     def _bucket(self, key: BucketKey) -> Bucket:
         bucket = self.buckets.get(key)
@@ -76,7 +92,7 @@ class ClientQuotaManager:
 
     def record(self, user: str, client_id: str, value: float, now_ms: int) -> Charge:
         """Record `value` for (user, client_id); returns the throttle it causes (0 within quota)."""
-        found = resolve(self.quotas, user, client_id) if self.quotas else None
+        found = self.resolve(user, client_id)
         if found is None:
             return UNLIMITED
         key, bound = found
@@ -96,7 +112,7 @@ class ClientQuotaManager:
 
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""
-        found = resolve(self.quotas, user, client_id) if self.quotas else None
+        found = self.resolve(user, client_id)
         if found is None:
             return 0
         bucket = self.buckets.get(found[0])
@@ -118,7 +134,7 @@ class ClientQuotaManager:
 
     def max_value_in_window(self, user: str, client_id: str) -> float | None:
         """Kafka's cap for a fetch: the quota times (samples - 1) windows, i.e. 10x the quota per second."""
-        found = resolve(self.quotas, user, client_id) if self.quotas else None
+        found = self.resolve(user, client_id)
         if found is None:
             return None
         return found[1] * (self.window.samples - 1) * self.window.window_ms / 1000.0

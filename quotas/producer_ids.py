@@ -1,8 +1,10 @@
 """Producer-id quotas (the KIP-936 draft): count producer ids a user shows for the first time.
 
-"Seen before?" is answered by a time-layered Bloom filter per user, as the draft proposes: one
-filter takes new ids for half a window, a second one starts at the half-window mark, and the
-older one is dropped once it is a full window old; an id found in either filter is not new.
+"Seen before?" is answered by a time-layered Bloom filter per user, as the draft proposes: a
+new filter starts every half window and takes the new ids until the next one starts; an id found
+in any live filter is not new. The draft drops a filter once it is a full window old, which would
+forget an id written late in a filter after only half a window; here a filter lives 1.5 windows
+(so at most three exist), and every id is remembered for one to 1.5 windows.
 Memory is bounded twice: each filter has a fixed size (chosen for a capacity and a target
 false-positive rate), and only the `max_users` most recently active users keep filters.
 A false positive means a new id is taken as already seen, i.e. not charged: the quota errs on
@@ -65,7 +67,7 @@ class _Layer:
 
 
 class TimedBloomFilter:
-    """Two overlapping Bloom filters per the KIP-936 draft: ids are remembered for 1 to 1.5 windows."""
+    """Overlapping Bloom filters, one started per half window: ids are remembered 1 to 1.5 windows."""
 
     __slots__ = ("_capacity", "_fp_rate", "_layers", "window_ms")
 
@@ -76,7 +78,8 @@ class TimedBloomFilter:
         self._layers: list[_Layer] = []
 
     def _rotate(self, now_ms: int) -> None:
-        self._layers = [layer for layer in self._layers if now_ms - layer.started_ms < self.window_ms]
+        lifetime = self.window_ms * 3 // 2
+        self._layers = [layer for layer in self._layers if now_ms - layer.started_ms < lifetime]
         if not self._layers or now_ms - self._layers[-1].started_ms >= self.window_ms // 2:
             self._layers.append(_Layer(now_ms, BloomFilter(self._capacity, self._fp_rate)))
 

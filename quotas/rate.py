@@ -47,12 +47,13 @@ class _Sample:
 class WindowedRate:
     """A rate per second over sampled windows, exactly as Kafka measures quota sensors."""
 
-    __slots__ = ("_current", "_samples", "config")
+    __slots__ = ("_current", "_last_record_ms", "_samples", "config")
 
     def __init__(self, config: WindowConfig | None = None) -> None:
         self.config = config or DEFAULT_WINDOW
         self._samples: list[_Sample] = []
         self._current = 0
+        self._last_record_ms: int | None = None
 
     def record(self, value: float, now_ms: int) -> None:
         sample = self._current_sample(now_ms)
@@ -63,6 +64,7 @@ class WindowedRate:
             sample.max = value
         sample.events += 1
         sample.last_event_ms = now_ms
+        self._last_record_ms = now_ms
 
     def unrecord(self, value: float, now_ms: int) -> None:
         """Take back a recorded value (Kafka does this for throttled fetches)."""
@@ -124,10 +126,8 @@ class WindowedRate:
 
     @property
     def idle_since_ms(self) -> int | None:
-        """Time of the last recorded event, for expiring idle buckets."""
-        if not self._samples:
-            return None
-        return max(sample.last_event_ms for sample in self._samples)
+        """Time of the last recording, for expiring idle buckets (measuring does not count)."""
+        return self._last_record_ms
 
 
 #: Kafka's defaults: 11 samples of 1 s.
