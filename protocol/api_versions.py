@@ -16,6 +16,21 @@ UNSUPPORTED_VERSION = 35
 
 _API_VERSIONS: ApiSpec = KNOWN_APIS[ApiKey.API_VERSIONS]
 
+#: Versions the proxy offers below its schemas' range, and why.
+#: Fetch v16+ may end with KIP-951 NodeEndpoints (broker addresses) that must be rewritten, so a
+#: v16+ response has to be buffered whole before any of it can go on; up to v15 a Fetch response
+#: streams through as it arrives, which is what keeps consume throughput near a direct
+#: connection. Clients then learn a new leader from a Metadata refresh, as before Kafka 3.7.
+OFFERED_MAX_VERSION: dict[int, int] = {ApiKey.FETCH: 15}
+
+
+def offered_range(api_key: int) -> tuple[int, int] | None:
+    """The version range the proxy offers for an API key (None: unknown key, not offered)."""
+    spec = KNOWN_APIS.get(api_key)
+    if spec is None:
+        return None
+    return spec.min_version, min(spec.max_version, OFFERED_MAX_VERSION.get(api_key, spec.max_version))
+
 
 def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
     """Clamp an ApiVersions response body; returns (new body, number of keys dropped).
@@ -30,11 +45,11 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
         raise MalformedBody(f"ApiVersions v{api_version} response does not parse: {exc}") from exc
     kept = []
     for entry in message.api_keys:
-        spec = KNOWN_APIS.get(entry.api_key)
-        if spec is None:
+        offered = offered_range(entry.api_key)
+        if offered is None:
             continue
-        low = max(entry.min_version, spec.min_version)
-        high = min(entry.max_version, spec.max_version)
+        low = max(entry.min_version, offered[0])
+        high = min(entry.max_version, offered[1])
         if low > high:
             continue
         entry.min_version, entry.max_version = low, high

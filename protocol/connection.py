@@ -47,6 +47,10 @@ DECODED_APIS = frozenset({
 })
 
 
+#: Fetch responses at least this large go to the client as they arrive instead of being buffered
+#: whole, when nothing in them must change (no address to rewrite, not over a quota).
+STREAM_MIN_BYTES = 64 * 1024
+
 #: APIs a broker never charges to the request quota: the client cannot avoid them before it is
 #: authenticated (KIP-124 exempts them), and a proxy must not hold back authentication.
 REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -155,6 +159,9 @@ class InFlight:
     request_bytes: int = 0
     #: throttle already decided when the request arrived (Produce bytes, producer ids)
     throttle_ms: int = 0
+    #: a Fetch response already charged when its first bytes arrived (it was over quota, so it
+    #: is buffered to be emptied instead of streamed): its throttle
+    precharged_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -213,6 +220,10 @@ class ProxyConnection:
         self._sasl: SaslExchange | None = None
         self._raw_sasl: _RawSasl | None = None
         self._closed: str | None = None
+        #: bytes of the response being streamed that are still to come, and its request
+        self._passthrough = 0
+        self._streaming: InFlight | None = None
+        self._streaming_size = 0
         #: The principal name quotas see: ANONYMOUS until the broker accepts a SASL exchange.
         self.principal: str = ANONYMOUS
         self.authenticated_mechanism: str | None = None
@@ -248,9 +259,72 @@ class ProxyConnection:
         self._now_ms = now_ms
         self.stats.bytes_from_broker += len(data)
         try:
-            return self._broker_frames(self._responses.feed(data))
+            actions: list[Action] = []
+            if self._passthrough:
+                take = min(self._passthrough, len(data))
+                actions.append(ToClient([data[:take]]))
+                self._passthrough -= take
+                data = data[take:]
+                if not self._passthrough:
+                    self._end_stream(actions)
+                if not data:
+                    return actions
+            actions += self._broker_frames(self._responses.feed(data))
+            self._maybe_stream(actions)
+            return actions
         except ProtocolError as exc:
             return self._close(f"broker sent bad data: {exc}")
+
+    def _maybe_stream(self, actions: list[Action]) -> None:
+        """Start passing a large Fetch response through before it is complete, when allowed."""
+        partial = self._responses.partial()
+        if partial is None or self._raw_sasl is not None or not self._in_flight:
+            return
+        size, head = partial
+        entry = self._in_flight[0]
+        if (size < STREAM_MIN_BYTES or len(head) < 4 or entry.api_key != ApiKey.FETCH
+                or entry.precharged_ms is not None or needs_rewrite(ApiKey.FETCH, entry.api_version)):
+            return
+        correlation_id = response_correlation_id(head)
+        if correlation_id != entry.correlation_id:
+            raise ProtocolError(
+                f"response correlation id {correlation_id} does not match the oldest request "
+                f"(Fetch, correlation id {entry.correlation_id})")
+        if self.policy is not None:
+            # Charged on its first bytes: its size is in the prefix, and time to first byte is
+            # the better measure of what it cost the broker.
+            throttle = self._charge_fetch(entry, 4 + size - 5)
+            if throttle > 0:
+                entry.precharged_ms = throttle  # over quota: buffer it whole and empty it
+                return
+        self._in_flight.popleft()
+        self._responses.take_partial()
+        self._streaming = entry
+        self._passthrough = size - len(head)
+        self._streaming_size = size
+        self.stats.responses += 1
+        actions.append(ToClient([_size(size), head]))
+
+    def _end_stream(self, actions: list[Action]) -> None:
+        entry = self._streaming
+        self._streaming = None
+        if entry is not None and self.observer is not None:
+            self.observer(entry.api_key, entry.request_bytes, self._streaming_size,
+                          self._now_ms - entry.sent_ms)
+        local: list[bytes] = []
+        while self._in_flight and self._in_flight[0].local_response is not None:
+            response = self._in_flight.popleft().local_response
+            assert response is not None
+            local += (_size(len(response)), response)
+        if local:
+            actions.append(ToClient(local))
+
+    def _charge_fetch(self, entry: InFlight, fetch_bytes: int) -> int:
+        assert self.policy is not None
+        request_time = max(self._now_ms - entry.sent_ms - entry.max_wait_ms, 0.0)
+        verdict = self.policy.charge(self.principal, entry.client_id or "", int(self._now_ms),
+                                     fetch_bytes=fetch_bytes, request_time_ms=request_time)
+        return verdict.throttle_ms
 
     # -- client -> broker ---------------------------------------------------------------------
 
@@ -422,6 +496,10 @@ class ProxyConnection:
         if spec is None:
             return frame, 0, 0
         body_offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
+        if entry.precharged_ms is not None:
+            throttle = entry.precharged_ms
+            combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
+            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle, throttle
         request_time: float | None = None
         if entry.api_key not in REQUEST_QUOTA_EXEMPT:
             request_time = max(self._now_ms - entry.sent_ms, 0.0)

@@ -57,6 +57,18 @@ class FrameSplitter:
         return frames
 
 
+    def partial(self) -> tuple[int, bytes] | None:
+        """The size and the bytes so far of an incomplete frame at the head, if any."""
+        if len(self._buf) < 4:
+            return None
+        size = int.from_bytes(self._buf[0:4], "big", signed=True)
+        return size, bytes(self._buf[4:])
+
+    def take_partial(self) -> None:
+        """Drop the buffered head of a frame whose rest will be passed through unbuffered."""
+        self._buf.clear()
+
+
 def frame(payload: bytes) -> bytes:
     """Prefix `payload` with its size, as Kafka frames it."""
     return len(payload).to_bytes(4, "big") + payload

@@ -84,3 +84,46 @@ class RunningProxy:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+class QuotaProxy(RunningProxy):
+    """A proxy with a quota file that tests rewrite (and reload with SIGHUP), and metrics.
+
+    `settings` is the `[proxy]` table text kept at the top of the file across reloads.
+    """
+
+    def __init__(self, upstream: str, workdir: Path, settings: str = "") -> None:
+        self.config_path = workdir / "kthrottle.toml"
+        self.settings = settings
+        self.config_path.write_text(f"[proxy]\n{settings}\n")
+        self.metrics_port = free_port_block(1, start=40000)
+        super().__init__(upstream, extra_args=["--config", str(self.config_path),
+                                               "--metrics-port", str(self.metrics_port)])
+
+    def set_quotas(self, quotas: str) -> None:
+        """Replace every quota; returns once the proxy has applied the file."""
+        before = self.log().count("quotas from ")
+        self.config_path.write_text(f"[proxy]\n{self.settings}\n\n{quotas}\n")
+        os.kill(self.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while self.log().count("quotas from ") <= before:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the proxy did not reload its quotas:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of /metrics, keyed by (name, sorted labels)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read()
+        samples = {}
+        for family in text_string_to_metric_families(text.decode()):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample's value (0 when the series does not exist yet)."""
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)

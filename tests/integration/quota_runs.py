@@ -19,9 +19,17 @@ class RunResult:
     errors: list[str] = field(default_factory=list)
 
     def rate(self, start_s: float, end_s: float) -> float:
-        """Payload bytes per second between `start_s` and `end_s` after the start."""
+        """Payload bytes per second between `start_s` and `end_s` after the start.
+
+        Measured from the first to the last event inside the span (the bytes of the first one
+        excluded), so that one large acknowledgement landing on either side of an edge does not
+        swing the figure: at 1 MB/s over 20 s one 1 MB request would be 5%.
+        """
         lo, hi = self.started + start_s, self.started + end_s
-        return sum(size for at, size in self.events if lo <= at < hi) / (end_s - start_s)
+        inside = sorted((at, size) for at, size in self.events if lo <= at < hi)
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end_s - start_s) / 2:
+            return sum(size for _, size in inside) / (end_s - start_s)
+        return sum(size for _, size in inside[1:]) / (inside[-1][0] - inside[0][0])
 
 
 def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10_000,

@@ -1,0 +1,176 @@
+"""Issue 3's rate-accuracy acceptance runs: NOT part of `make test`, run with `make acceptance`.
+
+They hold the issue's exact bounds (the last 20 s of a 30 s full-speed run between 0.9x and
+1.05x the quota) and currently do not all meet them; see README "Limits". They stay here,
+runnable and failing, until the proxy meets them, rather than being weakened.
+
+The rate-accuracy runs set `quota_window_num = 3`. The algorithm is Kafka's own either way (the
+unit tests pin it with Kafka's default of 11 samples), but with 11 samples a greedy client shows a
+sawtooth of period ~11 s whose amplitude is ~10 s of quota, so a 20 s measurement swings between
+0.85x and 1.15x while the long-run average stays at 1.0x; 3 samples make the period 3 s, so a
+20 s measurement shows the average itself.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from proxy.local_kafka import SASL_USERS
+from tests.integration.conftest import JAVA_PRODUCER_PERF, KafkaJava
+from tests.integration.proxies import QuotaProxy
+from tests.integration.quota_runs import RunResult, consume_for, produce_for
+from tests.integration.test_quotas import QUOTA, RUN_S, _assert_rate, _end_offsets, _fill, _sasl, _topic
+
+
+def test_producer_byte_rate_on_client_id_librdkafka(quota_proxy: QuotaProxy) -> None:
+    quota_proxy.set_quotas(f'[[quota]]\nclient_id = "rd-producer"\nproducer_byte_rate = {QUOTA}')
+    topic = _topic(quota_proxy.bootstrap, "q-rd")
+    result = produce_for(quota_proxy.bootstrap, topic, RUN_S, **{"client.id": "rd-producer"})
+    _assert_rate(result, QUOTA, "librdkafka, client-id override")
+    assert _end_offsets(quota_proxy.bootstrap, topic) == result.records, "records lost or duplicated"
+    labels = {"quota": "producer_byte_rate", "user": "", "client_id": "rd-producer"}
+    assert quota_proxy.metric("kthrottle_throttles_total", **labels) > 0
+    assert quota_proxy.metric("kthrottle_quota_limit", **labels) == QUOTA
+
+
+def test_producer_byte_rate_default_client_id_librdkafka(quota_proxy: QuotaProxy) -> None:
+    """A `<default>` client-id quota: each client-id gets its own bucket of that size."""
+    quota_proxy.set_quotas(f'[[quota]]\nclient_id = "<default>"\nproducer_byte_rate = {QUOTA}')
+    topic = _topic(quota_proxy.bootstrap, "q-default")
+    result = produce_for(quota_proxy.bootstrap, topic, RUN_S, **{"client.id": "some-app"})
+    _assert_rate(result, QUOTA, "librdkafka, client-id default")
+    assert _end_offsets(quota_proxy.bootstrap, topic) == result.records
+    assert quota_proxy.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
+                              client_id="some-app") > 0
+
+
+def test_producer_byte_rate_user_and_client_kafka_python(quota_proxy: QuotaProxy) -> None:
+    """Both user and client-id: plaintext connections are the ANONYMOUS user."""
+    from kafka import KafkaProducer
+
+    quota_proxy.set_quotas(
+        f'[[quota]]\nuser = "ANONYMOUS"\nclient_id = "kpy-producer"\nproducer_byte_rate = {QUOTA}')
+    topic = _topic(quota_proxy.bootstrap, "q-kpy")
+    producer = KafkaProducer(bootstrap_servers=quota_proxy.bootstrap, client_id="kpy-producer", acks=1,
+                             linger_ms=5, batch_size=256 * 1024, max_block_ms=120_000)
+    result = RunResult(time.monotonic())
+    value = b"y" * 10_000
+    futures = []
+    try:
+        while time.monotonic() < result.started + RUN_S:
+            future = producer.send(topic, value)
+            future.add_callback(lambda _m: result.events.append((time.monotonic(), len(value))))
+            futures.append(future)
+        producer.flush(120)
+    finally:
+        producer.close(30)
+    assert all(f.succeeded() for f in futures), "a kafka-python send failed"
+    result.records = len(result.events)
+    _assert_rate(result, QUOTA, "kafka-python, user+client-id override")
+    assert _end_offsets(quota_proxy.bootstrap, topic) == len(futures)
+
+
+def test_producer_byte_rate_on_user_sasl_java(sasl_quota_proxy: QuotaProxy, kafka_java: KafkaJava,
+                                              tmp_path: Path) -> None:
+    """The user comes from the SASL exchange the broker accepted; the Java client sees the throttle."""
+    sasl_quota_proxy.set_quotas(f'[[quota]]\nuser = "alice"\nproducer_byte_rate = {QUOTA}')
+    topic = _topic(sasl_quota_proxy.bootstrap, "q-java", **_sasl("admin"))
+    config = tmp_path / "alice.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+        'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required '
+        f'username="alice" password="{SASL_USERS["alice"]}";\n')
+    records = int(QUOTA * 40 / 10_000)  # more than 30 s worth at the quota
+    landed: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            count = _end_offsets(sasl_quota_proxy.bootstrap, topic, **_sasl("admin"))
+            landed.append((time.monotonic(), count))
+            time.sleep(1.0)
+
+    command = kafka_java.command(
+        JAVA_PRODUCER_PERF, "--topic", topic, "--num-records", str(records), "--record-size", "10000",
+        "--throughput", "-1", "--print-metrics", "--producer.config", str(config), "--producer-props",
+        f"bootstrap.servers={sasl_quota_proxy.bootstrap}", "client.id=java-perf", "acks=1")
+    started = time.monotonic()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        output, _ = process.communicate(timeout=180)
+    finally:
+        stop.set()
+        watcher.join(10)
+        if process.poll() is None:
+            process.kill()
+    text = output.decode(errors="replace")
+    assert process.returncode == 0, text[-3000:]
+    # Records landed over time: the rate between 10 s and 30 s after the start.
+    def at(second: float) -> int:
+        return max((n for t, n in landed if t - started <= second), default=0)
+    rate = (at(RUN_S) - at(RUN_S - 20)) * 10_000 / 20
+    print(f"Java perf producer as alice: quota {QUOTA:,} B/s, measured {rate:,.0f} B/s over 10-30 s")
+    assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA
+    assert _end_offsets(sasl_quota_proxy.bootstrap, topic, **_sasl("admin")) == records
+    throttle_max = re.search(
+        r"producer-metrics:produce-throttle-time-max:\{client-id=java-perf\}\s*:\s*([0-9.]+)", text)
+    assert throttle_max, "ProducerPerformance printed no produce-throttle-time-max"
+    assert float(throttle_max.group(1)) > 0, "the Java client never saw a throttle"
+    assert sasl_quota_proxy.metric("kthrottle_throttles_total", quota="producer_byte_rate",
+                                   user="alice", client_id="") > 0
+
+
+def test_consumer_byte_rate_on_client_id_librdkafka(quota_proxy: QuotaProxy) -> None:
+    quota_proxy.set_quotas(f'[[quota]]\nclient_id = "rd-consumer"\nconsumer_byte_rate = {QUOTA}')
+    topic = _topic(quota_proxy.bootstrap, "q-fetch")
+    total = _fill(quota_proxy.bootstrap, topic, 100)  # 100 MB: more than 30 s at the quota
+    result, offsets = consume_for(quota_proxy.bootstrap, topic, RUN_S, **{"client.id": "rd-consumer"})
+    _assert_rate(result, QUOTA, "librdkafka consumer, client-id override")
+    for partition, seen in offsets.items():
+        assert seen == list(range(seen[0], seen[0] + len(seen))), f"partition {partition}: gaps or repeats"
+        assert seen[0] == 0
+    assert result.records < total
+    assert quota_proxy.metric("kthrottle_throttles_total", quota="consumer_byte_rate", user="",
+                              client_id="rd-consumer") > 0
+
+
+def test_raising_and_deleting_an_override_live(quota_proxy: QuotaProxy) -> None:
+    """Raising an override lifts the throttle within a window; deleting it brings the default back."""
+    default = f'[[quota]]\nclient_id = "<default>"\nproducer_byte_rate = {QUOTA}'
+    quota_proxy.set_quotas(f'{default}\n\n[[quota]]\nclient_id = "live"\nproducer_byte_rate = {QUOTA}')
+    topic = _topic(quota_proxy.bootstrap, "live")
+    marks: dict[str, float] = {}
+
+    def change() -> None:
+        time.sleep(10)
+        quota_proxy.set_quotas(
+            f'{default}\n\n[[quota]]\nclient_id = "live"\nproducer_byte_rate = 10000000000')
+        marks["raised"] = time.monotonic()
+        time.sleep(8)
+        quota_proxy.set_quotas(default)
+        marks["deleted"] = time.monotonic()
+
+    changer = threading.Thread(target=change)
+    changer.start()
+    result = produce_for(quota_proxy.bootstrap, topic, 34, **{"client.id": "live"})
+    changer.join(30)
+    raised = marks["raised"] - result.started
+    deleted = marks["deleted"] - result.started
+    before = result.rate(raised - 6, raised)
+    lifted = result.rate(raised + 3, deleted)  # one window (3 s) after the change
+    restored = result.rate(deleted + 1, 34)
+    print(f"live change: {before:,.0f} B/s throttled, {lifted:,.0f} B/s raised, {restored:,.0f} B/s default")
+    assert before <= 1.3 * QUOTA
+    assert lifted >= 3 * QUOTA, "raising the override did not lift the throttle"
+    # The default's bucket has the same key (client-id "live"), so it keeps the raised burst in
+    # its history, as Kafka does: the client is held back until that has aged out of the window.
+    assert restored <= 1.3 * QUOTA, "deleting the override did not bring the default back"
+    assert quota_proxy.metric("kthrottle_quota_limit", quota="producer_byte_rate", user="",
+                              client_id="live") == QUOTA
+    assert _end_offsets(quota_proxy.bootstrap, topic) == result.records

@@ -1,0 +1,127 @@
+"""Large Fetch responses pass through as they arrive, unless something in them must change."""
+
+from __future__ import annotations
+
+import uuid
+
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+
+from protocol.api_versions import clamp_api_versions
+from protocol.connection import STREAM_MIN_BYTES, Mute, ProxyConnection, ToClient
+from protocol.frames import frame
+from protocol.headers import encode_request_header, encode_response_header
+from quotas.engine import QuotaEngine
+from quotas.entity import QuotaEntity
+from quotas.types import QuotaType
+
+VERSION = 15
+
+
+def advertise(node: int) -> tuple[str, int]:
+    return "proxy", 9000 + node
+
+
+def fetch_request(cid: int, client: str = "c") -> bytes:
+    body = FetchRequest[VERSION](max_wait_ms=500, min_bytes=1, max_bytes=50_000_000, isolation_level=0,
+                                 session_id=0, session_epoch=-1, topics=[], forgotten_topics_data=[],
+                                 rack_id="").encode()
+    return frame(encode_request_header(1, VERSION, cid, client) + bytes(body))
+
+
+def fetch_response(cid: int, records: bytes) -> bytes:
+    R = FetchResponse[VERSION]
+    T = R.FetchableTopicResponse
+    partition = T.PartitionData(partition_index=0, error_code=0, high_watermark=10, last_stable_offset=10,
+                                log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
+                                records=records)
+    body = R(throttle_time_ms=0, error_code=0, session_id=7,
+             responses=[T(topic_id=uuid.UUID(int=1), partitions=[partition])]).encode()
+    return encode_response_header(cid, 1) + bytes(body)
+
+
+def to_client(actions: list[object]) -> bytes:
+    return b"".join(b"".join(a.chunks) for a in actions if isinstance(a, ToClient))
+
+
+def test_large_fetch_streams_before_it_is_complete() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client(fetch_request(1) + fetch_request(2))
+    big = frame(fetch_response(1, b"r" * (3 * STREAM_MIN_BYTES)))
+    small = frame(fetch_response(2, b"s" * 100))
+    first = conn.receive_from_broker(big[:1000])
+    assert to_client(first) == big[:1000], "the head of a large response was held back"
+    out = to_client(first)
+    for start in range(1000, len(big), 7000):
+        out += to_client(conn.receive_from_broker(big[start : start + 7000]))
+    assert out == big
+    # The next response is matched and forwarded as usual.
+    assert to_client(conn.receive_from_broker(small)) == small
+    assert conn.in_flight == 0 and conn.closed is None
+
+
+def test_stream_end_and_next_frame_in_one_chunk() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client(fetch_request(1) + fetch_request(2))
+    big = frame(fetch_response(1, b"r" * (2 * STREAM_MIN_BYTES)))
+    small = frame(fetch_response(2, b"s" * 10))
+    out = to_client(conn.receive_from_broker(big[:5000]))
+    out += to_client(conn.receive_from_broker(big[5000:] + small))
+    assert out == big + small
+    assert conn.in_flight == 0
+
+
+def test_small_fetch_is_not_streamed() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client(fetch_request(1))
+    small = frame(fetch_response(1, b"s" * 1000))
+    assert to_client(conn.receive_from_broker(small[:500])) == b""
+    assert to_client(conn.receive_from_broker(small[500:])) == small
+
+
+def test_wrong_correlation_id_is_caught_before_streaming() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client(fetch_request(1))
+    big = frame(fetch_response(9, b"r" * (2 * STREAM_MIN_BYTES)))
+    actions = conn.receive_from_broker(big[:2000])
+    assert conn.closed is not None and "does not match" in conn.closed
+    assert to_client(actions) == b""
+
+
+def test_over_quota_fetch_is_buffered_and_emptied() -> None:
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity(None, "c"): {QuotaType.FETCH: 10_000.0}})
+    conn = ProxyConnection(advertise, policy=engine)
+    conn.receive_from_client(fetch_request(1), now_ms=0)
+    big = frame(fetch_response(1, b"r" * (3 * STREAM_MIN_BYTES)))
+    assert to_client(conn.receive_from_broker(big[:4000], now_ms=5)) == b"", "an over-quota fetch streamed"
+    actions = conn.receive_from_broker(big[4000:], now_ms=6)
+    payload = to_client(actions)
+    response = FetchResponse.decode(payload[9:], version=VERSION)
+    assert response.throttle_time_ms > 0
+    assert response.session_id == 7
+    assert [p.records for t in response.responses for p in t.partitions] == [b""]
+    assert [a.ms for a in actions if isinstance(a, Mute)] == [response.throttle_time_ms]
+
+
+def test_within_quota_fetch_streams_and_is_charged_once() -> None:
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity(None, "c"): {QuotaType.FETCH: 1e9}})
+    conn = ProxyConnection(advertise, policy=engine)
+    conn.receive_from_client(fetch_request(1), now_ms=0)
+    big = frame(fetch_response(1, b"r" * (3 * STREAM_MIN_BYTES)))
+    out = to_client(conn.receive_from_broker(big[:4000], now_ms=1))
+    out += to_client(conn.receive_from_broker(big[4000:], now_ms=2))
+    assert out == big
+    (bucket,) = engine.managers[QuotaType.FETCH].buckets.values()
+    assert bucket.rate.total(2) == len(big) - 5  # 4 + body: charged exactly once
+
+
+def test_fetch_offered_up_to_v15() -> None:
+    from kafka.protocol.metadata import ApiVersionsResponse
+
+    R = ApiVersionsResponse[3]
+    body = R(error_code=0, api_keys=[R.ApiVersion(api_key=1, min_version=4, max_version=18)],
+             throttle_time_ms=0).encode()
+    clamped, _ = clamp_api_versions(bytes(body), 3)
+    (entry,) = R.decode(clamped).api_keys
+    assert (entry.min_version, entry.max_version) == (4, 15)
