@@ -17,8 +17,11 @@ kafka: $(STAMP)
 	$(PY) -c 'from proxy.local_kafka import ensure_kafka_jars; print(ensure_kafka_jars())'
 
 # The proxy; with no upstream configured it starts an embedded 3-broker Kafka cluster behind it.
+# The example quotas (deploy/quotas.toml), metrics on :9300 and a throttled demo producer;
+# ARGS replaces those, e.g. make run ARGS="--upstream broker:9092".
+RUN_ARGS ?= --config deploy/quotas.toml --metrics-port 9300 --demo
 run: $(STAMP) kafka
-	$(VENV)/bin/kthrottle run $(ARGS)
+	$(VENV)/bin/kthrottle run $(or $(ARGS),$(RUN_ARGS))
 
 # Debian's docker-compose only parses docker-compose.yml for a test; no Docker engine is needed.
 tools:

@@ -59,7 +59,7 @@ async def _expire_idle_buckets(server: ProxyServer) -> None:
         server.engine.expire_idle(int(time.monotonic() * 1000))
 
 
-async def serve(settings: ProxySettings, ready_message: str | None = None) -> None:
+async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
     """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file."""
     from .server import ProxyServer
 
@@ -76,6 +76,14 @@ async def serve(settings: ProxySettings, ready_message: str | None = None) -> No
     print(f"kthrottle: clients use bootstrap.servers={host}:{port}", flush=True)
     if ready_message:
         print(ready_message, flush=True)
+    demo_producer = None
+    if demo:
+        from .demo import DemoProducer
+
+        demo_producer = DemoProducer(f"{host}:{port}")
+        demo_producer.start()
+        print("kthrottle: demo traffic: a producer with client.id=demo is running (see its log lines)",
+              flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -86,6 +94,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None) -> No
     expiry = loop.create_task(_expire_idle_buckets(server))
     await stop.wait()
     expiry.cancel()
+    if demo_producer is not None:
+        await asyncio.get_running_loop().run_in_executor(None, demo_producer.stop)
     await server.close()
 
 
@@ -123,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
         _tune_malloc()
         try:
-            uvloop.run(serve(settings, note))
+            uvloop.run(serve(settings, note, demo=args.demo))
         except SettingsError as exc:
             print(f"kthrottle: {exc}", file=sys.stderr)
             return 2
@@ -144,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--node-port-base", type=int,
                      help="broker node N is served on this port + N (default: listen port + 1)")
+    run.add_argument("--demo", action="store_true",
+                     help="also run a demo producer (client.id=demo) through the proxy")
     run.set_defaults(func=cmd_run)
 
     local = sub.add_parser("local-kafka", help="run a real local Kafka cluster in the foreground")
@@ -154,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the demo's client library: its own noise
     if args.command == "local-kafka":
         from . import local_kafka
 

@@ -138,6 +138,7 @@ class ClientSession(asyncio.Protocol):
                                     throttle_mode=server.settings.throttle_mode,  # type: ignore[arg-type]
                                     observer=server.metrics.exchange)
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
+        self._connecting: asyncio.Task[None] | None = None
         self._closing = False
         self._peer = "?"
         #: why the client is not being read: "connecting", "backpressure", "throttle"
@@ -161,7 +162,7 @@ class ClientSession(asyncio.Protocol):
         self.server.sessions.add(self)
         self.server.metrics.connections.inc()
         self._block("connecting")
-        asyncio.get_running_loop().create_task(self._connect_upstream())
+        self._connecting = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -311,6 +312,8 @@ class ClientSession(asyncio.Protocol):
             return
         log.warning("%s from %s closed: %s", self.conn.name, self._peer, reason)
         self._closing = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
         if self.transport is not None:
             self.transport.close()
         if self.upstream is not None and self.upstream.transport is not None:
