@@ -11,11 +11,12 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from config.settings import Address, ProxySettings, SettingsError
 from protocol.apis import api_name
 from protocol.connection import (
+    Action,
     Authenticated,
     BrokersSeen,
     Close,
@@ -196,11 +197,14 @@ class ClientSession(asyncio.Protocol):
         if self.upstream is None:
             self._pending.append(data)
             return
+        self._feed(self.conn.receive_from_client, data, "client")
+
+    def _feed(self, receive: Callable[[bytes, float], list[Action]], data: bytes, side: str) -> None:
         try:
-            actions = self.conn.receive_from_client(data, now_ms())
+            actions = receive(data, now_ms())
         except Exception as exc:  # a bug must cost one connection, never the proxy
-            log.exception("%s: unexpected error on client data", self.conn.name)
-            self.close(f"internal error on client data: {exc!r}")
+            log.exception("%s: unexpected error on %s data", self.conn.name, side)
+            self.close(f"internal error on {side} data: {exc!r}")
             return
         self._execute(actions)
 
@@ -228,13 +232,7 @@ class ClientSession(asyncio.Protocol):
     # -- broker side ----------------------------------------------------------------------------
 
     def on_broker_data(self, data: bytes) -> None:
-        try:
-            actions = self.conn.receive_from_broker(data, now_ms())
-        except Exception as exc:  # a bug must cost one connection, never the proxy
-            log.exception("%s: unexpected error on broker data", self.conn.name)
-            self.close(f"internal error on broker data: {exc!r}")
-            return
-        self._execute(actions)
+        self._feed(self.conn.receive_from_broker, data, "broker")
 
     def on_broker_lost(self, exc: Exception | None) -> None:
         if self._closing:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 PARTITIONS = 6
 
@@ -62,3 +65,32 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):  # 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def read_all(conf: dict[str, Any], topic: str, count: int) -> dict[int, list[str]]:
+    """Every value of every partition from the beginning, assigned (no group), in partition order.
+
+    Reads a little past `count`, so that a duplicate would show up.
+    """
+    consumer = Consumer({**conf, "group.id": topic_name("g"), "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumed: dict[int, list[str]] = {}
+    total = 0
+
+    def take(timeout: float) -> int:
+        got = 0
+        for message in consumer.consume(1000, timeout=timeout):
+            if message.error():
+                raise AssertionError(f"consumer error: {message.error()}")
+            consumed.setdefault(message.partition(), []).append(message.value().decode())
+            got += 1
+        return got
+
+    try:
+        deadline = time.monotonic() + 60
+        while total < count and time.monotonic() < deadline:
+            total += take(1.0)
+        take(1.5)
+    finally:
+        consumer.close()
+    return consumed

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.partitioner.default import murmur2
 
-from .clients import PARTITIONS, assert_exact, assert_proxy_addresses, topic_name, wait_until
+from .clients import PARTITIONS, assert_exact, assert_proxy_addresses, read_all, topic_name, wait_until
 from .conftest import (
     JAVA_CONSOLE_CONSUMER,
     JAVA_CONSOLE_PRODUCER,
@@ -67,33 +66,6 @@ def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
                 for p in range(PARTITIONS)}
     finally:
         consumer.close()
-
-
-def _read_all(bootstrap: str, topic: str, count: int, **config: object) -> dict[int, list[str]]:
-    """Every value in every partition from the beginning (assigned, no group), in partition order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic_name("g"),
-                         "enable.auto.commit": False, **config})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    consumed: dict[int, list[str]] = {}
-    total = 0
-
-    def take(timeout: float) -> int:
-        got = 0
-        for message in consumer.consume(1000, timeout=timeout):
-            if message.error():
-                raise AssertionError(f"consumer error: {message.error()}")
-            consumed.setdefault(message.partition(), []).append(message.value().decode())
-            got += 1
-        return got
-
-    try:
-        deadline = time.monotonic() + 60
-        while total < count and time.monotonic() < deadline:
-            total += take(1.0)
-        take(1.5)  # a little longer: a duplicate would show up here
-    finally:
-        consumer.close()
-    return consumed
 
 
 def _assert_monotonic_exact(consumed: dict[int, list[str]], count: int) -> None:
@@ -239,7 +211,7 @@ def test_idempotent_producer_perf_exact_count(kafka_java, proxy):
     assert sorted(ends) == list(range(PARTITIONS)), out
     assert sum(ends.values()) == PERF_COUNT, f"end offsets {ends} do not add up to {PERF_COUNT}"
     assert all(ends.values()), f"some partition got nothing: {ends}"
-    _assert_monotonic_exact(_read_all(proxy.bootstrap, topic, PERF_COUNT), PERF_COUNT)
+    _assert_monotonic_exact(read_all({"bootstrap.servers": proxy.bootstrap}, topic, PERF_COUNT), PERF_COUNT)
 
 
 def test_transactional_producer_perf_read_committed(kafka_java, proxy):
@@ -250,7 +222,8 @@ def test_transactional_producer_perf_read_committed(kafka_java, proxy):
     # ~1.5 s at 4000 records/s with a commit every 250 ms: several transactions, each over all partitions.
     _perf(kafka_java, proxy, topic, count, "acks=all", throughput=4000,
           extra=("--transactional-id", topic_name("java-tx"), "--transaction-duration-ms", "250"))
-    consumed = _read_all(proxy.bootstrap, topic, count, **{"isolation.level": "read_committed"})
+    committed = {"bootstrap.servers": proxy.bootstrap, "isolation.level": "read_committed"}
+    consumed = read_all(committed, topic, count)
     _assert_monotonic_exact(consumed, count)
     # Every commit leaves one marker per partition it touched: more offsets than records proves EndTxn ran.
     markers = sum(_end_offsets(proxy.bootstrap, topic).values()) - count
@@ -263,7 +236,7 @@ def test_acks0_producer_perf_all_land(kafka_java, proxy):
     _perf(kafka_java, proxy, topic, PERF_COUNT, "acks=0")
     wait_until(lambda: sum(_end_offsets(proxy.bootstrap, topic).values()) == PERF_COUNT, 30,
                f"{PERF_COUNT} acks=0 records to land")
-    _assert_monotonic_exact(_read_all(proxy.bootstrap, topic, PERF_COUNT), PERF_COUNT)
+    _assert_monotonic_exact(read_all({"bootstrap.servers": proxy.bootstrap}, topic, PERF_COUNT), PERF_COUNT)
     assert proxy.alive()
 
 

@@ -14,12 +14,12 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.local_kafka import SASL_USERS
 
-from .clients import assert_exact, assert_proxy_addresses, records, topic_name, wait_until
+from .clients import assert_exact, assert_proxy_addresses, read_all, records, topic_name, wait_until
 from .conftest import JAVA_PRODUCER_PERF
 
 JAVA_BROKER_API_VERSIONS = "org.apache.kafka.tools.BrokerApiVersionsCommand"
@@ -42,32 +42,6 @@ def _create_topic(conf: dict[str, Any], name: str) -> None:
     admin.create_topics([NewTopic(name, PARTITIONS, 3)])[name].result(30)
     wait_until(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == PARTITIONS,
                30, f"topic {name} metadata")
-
-
-def _read_all(conf: dict[str, Any], topic: str, count: int) -> dict[int, list[str]]:
-    """Every value of every partition from the beginning, assigned (no group), in partition order."""
-    consumer = Consumer({**conf, "group.id": topic_name("g"), "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    consumed: dict[int, list[str]] = {}
-    total = 0
-
-    def take(timeout: float) -> int:
-        got = 0
-        for message in consumer.consume(1000, timeout=timeout):
-            if message.error():
-                raise AssertionError(f"consumer error: {message.error()}")
-            consumed.setdefault(message.partition(), []).append(message.value().decode())
-            got += 1
-        return got
-
-    try:
-        deadline = time.monotonic() + 60
-        while total < count and time.monotonic() < deadline:
-            total += take(1.0)
-        take(1.0)  # a little longer: a duplicate would show up here
-    finally:
-        consumer.close()
-    return consumed
 
 
 def _new_log(proxy, start: int) -> str:  # type: ignore[no-untyped-def]
@@ -99,7 +73,7 @@ def test_confluent_plain_alice(kafka_cluster, sasl_proxy):
                          on_delivery=lambda err, _msg: err is None or errors.append(str(err)))
     assert producer.flush(30) == 0, "records still queued after 30 s"
     assert not errors, errors[:5]
-    assert_exact(_read_all(conf, topic, COUNT), COUNT)
+    assert_exact(read_all(conf, topic, COUNT), COUNT)
     _wait_for_new_log(sasl_proxy, start, _login("alice", "PLAIN"))
 
 
@@ -166,7 +140,7 @@ def test_java_scram_sha512_admin(kafka_cluster, kafka_java, sasl_proxy, tmp_path
     log = _wait_for_new_log(sasl_proxy, start, _login("admin", "SCRAM-SHA-512"))
     assert log.count(_login("admin", "SCRAM-SHA-512")) >= 2, log
 
-    consumed = _read_all(_conf(sasl_proxy.bootstrap, "PLAIN", "bob"), topic, count)
+    consumed = read_all(_conf(sasl_proxy.bootstrap, "PLAIN", "bob"), topic, count)
     values = sorted(int(v) for vs in consumed.values() for v in vs)
     assert values == list(range(count)), f"{len(values)} records read back, expected {count} distinct"
 
