@@ -30,7 +30,7 @@ from .headers import (
     response_body_offset,
     response_correlation_id,
 )
-from .sasl import ANONYMOUS, SaslExchange
+from .sasl import ANONYMOUS, RAW_SASL_MECHANISMS, SaslExchange
 from .throttling import (
     cap_fetch_bytes,
     empty_fetch_response,
@@ -277,15 +277,19 @@ class ProxyConnection:
 
     def _maybe_stream(self, actions: list[Action]) -> None:
         """Start passing a large Fetch response through before it is complete, when allowed."""
-        partial = self._responses.partial()
-        if partial is None or self._raw_sasl is not None or not self._in_flight:
+        if self._raw_sasl is not None or not self._in_flight:
             return
-        size, head = partial
         entry = self._in_flight[0]
-        if (size < STREAM_MIN_BYTES or len(head) < 4 or entry.api_key != ApiKey.FETCH
-                or entry.precharged_ms is not None or needs_rewrite(ApiKey.FETCH, entry.api_version)):
+        if (entry.api_key != ApiKey.FETCH or entry.precharged_ms is not None
+                or needs_rewrite(ApiKey.FETCH, entry.api_version)):
             return
-        correlation_id = response_correlation_id(head)
+        partial = self._responses.partial()
+        if partial is None:
+            return
+        size, buffered, first = partial
+        if size < STREAM_MIN_BYTES or buffered < 4:
+            return
+        correlation_id = response_correlation_id(first)
         if correlation_id != entry.correlation_id:
             raise ProtocolError(
                 f"response correlation id {correlation_id} does not match the oldest request "
@@ -298,7 +302,7 @@ class ProxyConnection:
                 entry.precharged_ms = throttle  # over quota: buffer it whole and empty it
                 return
         self._in_flight.popleft()
-        self._responses.take_partial()
+        head = self._responses.take_partial()
         self._streaming = entry
         self._passthrough = size - len(head)
         self._streaming_size = size
@@ -311,13 +315,18 @@ class ProxyConnection:
         if entry is not None and self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, self._streaming_size,
                           self._now_ms - entry.sent_ms)
+        local = self._take_local_responses()
+        if local:
+            actions.append(ToClient(local))
+
+    def _take_local_responses(self) -> list[bytes]:
+        """The proxy's own responses now at the head of the queue, framed, in order."""
         local: list[bytes] = []
         while self._in_flight and self._in_flight[0].local_response is not None:
             response = self._in_flight.popleft().local_response
             assert response is not None
             local += (_size(len(response)), response)
-        if local:
-            actions.append(ToClient(local))
+        return local
 
     def _charge_fetch(self, entry: InFlight, fetch_bytes: int) -> int:
         assert self.policy is not None
@@ -426,7 +435,7 @@ class ProxyConnection:
 
     def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
         self.stats.local_responses += 1
-        if self._in_flight:
+        if self._in_flight or self._passthrough:  # behind requests, or behind a response mid-stream
             self._in_flight.append(entry)
         else:
             assert entry.local_response is not None
@@ -463,24 +472,22 @@ class ProxyConnection:
             if throttle_ms > 0:
                 if mute_ms > 0:
                     actions.append(Throttled(entry.api_key, mute_ms))
+                # The proxy's own responses queued behind this one go with it, in order.
+                held = [_size(len(frame)), frame, *self._take_local_responses()]
                 if self.throttle_mode == "delay":
                     # Hold this response (and, to keep order, all after it) for the throttle.
                     if downstream:
                         actions.append(ToClient(downstream))
                         downstream = []
-                    actions.append(ToClient([_size(len(frame)), frame], delay_ms=throttle_ms))
+                    actions.append(ToClient(held, delay_ms=throttle_ms))
                 else:
-                    downstream += (_size(len(frame)), frame)
-                    actions.append(ToClient(downstream))
+                    actions.append(ToClient(downstream + held))
                     downstream = []
                 if mute_ms > 0:
                     actions.append(Mute(mute_ms))
                 continue
             downstream += (_size(len(frame)), frame)
-            while self._in_flight and self._in_flight[0].local_response is not None:
-                local = self._in_flight.popleft().local_response
-                assert local is not None
-                downstream += (_size(len(local)), local)
+            downstream += self._take_local_responses()
         if downstream:
             actions.append(ToClient(downstream))
         return actions
@@ -544,6 +551,12 @@ class ProxyConnection:
             start = response_body_offset(frame, header_version)
             error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
             if error_code == 0 and version == 0 and self._sasl is not None:
+                if self._sasl.mechanism not in RAW_SASL_MECHANISMS:
+                    # Raw tokens have no framing of their own: without knowing where the exchange
+                    # ends, the proxy could no longer tell tokens from Kafka requests.
+                    raise UnsupportedVersion(
+                        f"SaslHandshake v0 with mechanism {self._sasl.mechanism}: the proxy cannot tell "
+                        "where its raw tokens end (clients since Kafka 1.0 use v1, which works)")
                 self._raw_sasl = _RawSasl(self._sasl)
         elif key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
             start = response_body_offset(frame, header_version)

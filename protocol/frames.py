@@ -57,16 +57,19 @@ class FrameSplitter:
         return frames
 
 
-    def partial(self) -> tuple[int, bytes] | None:
-        """The size and the bytes so far of an incomplete frame at the head, if any."""
+    def partial(self) -> tuple[int, int, bytes] | None:
+        """An incomplete frame at the head: its size, the bytes buffered so far, and up to its
+        first 8 bytes (enough for a correlation id). Cheap: it copies at most 8 bytes."""
         if len(self._buf) < 4:
             return None
         size = int.from_bytes(self._buf[0:4], "big", signed=True)
-        return size, bytes(self._buf[4:])
+        return size, len(self._buf) - 4, bytes(self._buf[4:12])
 
-    def take_partial(self) -> None:
-        """Drop the buffered head of a frame whose rest will be passed through unbuffered."""
+    def take_partial(self) -> bytes:
+        """The buffered part of a head frame whose rest will pass through unbuffered."""
+        head = bytes(self._buf[4:])
         self._buf.clear()
+        return head
 
 
 def frame(payload: bytes) -> bytes:

@@ -17,6 +17,9 @@ ANONYMOUS = "ANONYMOUS"
 #: SCRAM mechanisms need two round trips; the broker's final message starts with "v=".
 SCRAM_MECHANISMS = frozenset({"SCRAM-SHA-256", "SCRAM-SHA-512"})
 
+#: Mechanisms whose last server token is recognisable, so SaslHandshake v0's raw tokens can be followed.
+RAW_SASL_MECHANISMS = frozenset({"PLAIN", "OAUTHBEARER", *SCRAM_MECHANISMS})
+
 
 def _plain_name(token: bytes) -> str | None:
     """RFC 4616: [authzid] NUL authcid NUL passwd; Kafka's principal is the authcid."""

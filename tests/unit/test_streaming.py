@@ -125,3 +125,72 @@ def test_fetch_offered_up_to_v15() -> None:
     clamped, _ = clamp_api_versions(bytes(body), 3)
     (entry,) = R.decode(clamped).api_keys
     assert (entry.min_version, entry.max_version) == (4, 15)
+
+
+# -- regressions found in review ---------------------------------------------------------------------
+
+
+def api_versions_too_new(cid: int) -> bytes:
+    from kafka.protocol.metadata import ApiVersionsRequest
+
+    from protocol.apis import KNOWN_APIS
+
+    newest = KNOWN_APIS[18].max_version
+    header = encode_request_header(18, newest, cid, "c")
+    body = bytes(ApiVersionsRequest[newest](client_software_name="c", client_software_version="1").encode())
+    return frame(header[:2] + (newest + 1).to_bytes(2, "big") + header[4:] + body)
+
+
+def correlation_ids(data: bytes) -> list[int]:
+    ids, pos = [], 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        ids.append(int.from_bytes(data[pos + 4 : pos + 8], "big"))
+        pos += 4 + size
+    return ids
+
+
+def test_local_answer_waits_for_a_response_mid_stream() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client(fetch_request(1))
+    big = frame(fetch_response(1, b"r" * (3 * STREAM_MIN_BYTES)))
+    out = to_client(conn.receive_from_broker(big[:5000]))
+    out += to_client(conn.receive_from_client(api_versions_too_new(2)))
+    out += to_client(conn.receive_from_broker(big[5000:]))
+    assert out[: len(big)] == big, "the proxy's own answer was written into a streamed response"
+    assert correlation_ids(out) == [1, 2]
+
+
+def test_local_answer_behind_a_throttled_response_is_not_stranded() -> None:
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity(None, "c"): {QuotaType.FETCH: 10.0}})
+    conn = ProxyConnection(advertise, policy=engine)
+    conn.receive_from_client(fetch_request(1) + api_versions_too_new(2) + fetch_request(3), now_ms=0)
+    first = conn.receive_from_broker(frame(fetch_response(1, b"x" * 1000)), now_ms=1)
+    assert any(isinstance(a, Mute) for a in first), "the fetch was not throttled"
+    assert correlation_ids(to_client(first)) == [1, 2]
+    third = conn.receive_from_broker(frame(fetch_response(3, b"y")), now_ms=2)
+    assert conn.closed is None
+    assert correlation_ids(to_client(third)) == [3]
+
+
+def test_partial_copies_at_most_eight_bytes() -> None:
+    from protocol.frames import FrameSplitter
+
+    splitter = FrameSplitter(2**31 - 1)
+    splitter.feed((10_000_000).to_bytes(4, "big") + b"abcdefgh" + b"z" * 1_000_000)
+    size, buffered, first = splitter.partial()  # type: ignore[misc]
+    assert (size, buffered, first) == (10_000_000, 1_000_008, b"abcdefgh")
+    assert splitter.take_partial() == b"abcdefgh" + b"z" * 1_000_000
+    assert splitter.partial() is None
+
+
+def test_raw_sasl_v0_with_an_unfollowable_mechanism_is_refused() -> None:
+    from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
+
+    conn = ProxyConnection(advertise)
+    body = bytes(SaslHandshakeRequest[0](mechanism="GSSAPI").encode())
+    conn.receive_from_client(frame(encode_request_header(17, 0, 1, "c") + body))
+    answer = bytes(SaslHandshakeResponse[0](error_code=0, mechanisms=["GSSAPI"]).encode())
+    conn.receive_from_broker(frame(encode_response_header(1, 0) + answer))
+    assert conn.closed is not None and "GSSAPI" in conn.closed
