@@ -164,13 +164,6 @@ class InFlight:
     precharged_ms: int | None = None
 
 
-@dataclass(slots=True)
-class _RawSasl:
-    """SaslHandshake v0: tokens travel as bare frames until the mechanism completes."""
-
-    exchange: SaslExchange
-
-
 def _size(n: int) -> bytes:
     return n.to_bytes(4, "big")
 
@@ -193,15 +186,6 @@ def produce_acks(frame: bytes, header: RequestHeader) -> int:
         raise MalformedBody(f"Produce v{header.api_version} request: {exc}") from exc
 
 
-@dataclass(slots=True)
-class ConnectionStats:
-    requests: int = 0
-    responses: int = 0
-    local_responses: int = 0
-    bytes_from_client: int = 0
-    bytes_from_broker: int = 0
-
-
 class ProxyConnection:
     """Drives one client connection and its upstream broker connection."""
 
@@ -218,7 +202,8 @@ class ProxyConnection:
         self._responses = FrameSplitter(MAX_RESPONSE_BYTES, "response")
         self._in_flight: deque[InFlight] = deque()
         self._sasl: SaslExchange | None = None
-        self._raw_sasl: _RawSasl | None = None
+        #: SaslHandshake v0: tokens travel as bare frames until this exchange completes
+        self._raw_sasl: SaslExchange | None = None
         self._closed: str | None = None
         #: bytes of the response being streamed that are still to come, and its request
         self._passthrough = 0
@@ -228,7 +213,6 @@ class ProxyConnection:
         self.principal: str = ANONYMOUS
         self.authenticated_mechanism: str | None = None
         self.client_id: str | None = None
-        self.stats = ConnectionStats()
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -246,7 +230,6 @@ class ProxyConnection:
         if self._closed is not None:
             return []
         self._now_ms = now_ms
-        self.stats.bytes_from_client += len(data)
         try:
             return self._client_frames(self._requests.feed(data))
         except ProtocolError as exc:
@@ -257,7 +240,6 @@ class ProxyConnection:
         if self._closed is not None:
             return []
         self._now_ms = now_ms
-        self.stats.bytes_from_broker += len(data)
         try:
             actions: list[Action] = []
             if self._passthrough:
@@ -306,7 +288,6 @@ class ProxyConnection:
         self._streaming = entry
         self._passthrough = size - len(head)
         self._streaming_size = size
-        self.stats.responses += 1
         actions.append(ToClient([_size(size), head]))
 
     def _end_stream(self, actions: list[Action]) -> None:
@@ -346,11 +327,10 @@ class ProxyConnection:
         actions: list[Action] = []
         for frame in frames:
             if self._raw_sasl is not None:
-                self._raw_sasl.exchange.client_token(frame)
+                self._raw_sasl.client_token(frame)
                 upstream += (_size(len(frame)), frame)
                 continue
             header = parse_request_header(frame)
-            self.stats.requests += 1
             if header.client_id is not None:
                 self.client_id = header.client_id
             spec = KNOWN_APIS.get(header.api_key)
@@ -434,7 +414,6 @@ class ProxyConnection:
             ) from exc
 
     def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
-        self.stats.local_responses += 1
         if self._in_flight or self._passthrough:  # behind requests, or behind a response mid-stream
             self._in_flight.append(entry)
         else:
@@ -448,8 +427,8 @@ class ProxyConnection:
         actions: list[Action] = []
         for frame in frames:
             if self._raw_sasl is not None:
-                if self._raw_sasl.exchange.server_token(frame):
-                    actions.append(self._authenticated(self._raw_sasl.exchange))
+                if self._raw_sasl.server_token(frame):
+                    actions.append(self._authenticated(self._raw_sasl))
                     self._raw_sasl = None
                 downstream += (_size(len(frame)), frame)
                 continue
@@ -462,7 +441,6 @@ class ProxyConnection:
                     f"response correlation id {correlation_id} does not match the oldest request "
                     f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
                 )
-            self.stats.responses += 1
             if self.observer is not None:
                 self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             frame = self._on_response(entry, frame, actions)
@@ -557,7 +535,7 @@ class ProxyConnection:
                     raise UnsupportedVersion(
                         f"SaslHandshake v0 with mechanism {self._sasl.mechanism}: the proxy cannot tell "
                         "where its raw tokens end (clients since Kafka 1.0 use v1, which works)")
-                self._raw_sasl = _RawSasl(self._sasl)
+                self._raw_sasl = self._sasl
         elif key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
             start = response_body_offset(frame, header_version)
             try:
@@ -579,6 +557,6 @@ class ProxyConnection:
 
 
 __all__ = [
-    "Action", "Authenticated", "BrokersSeen", "Close", "ConnectionStats", "InFlight", "Mute",
+    "Action", "Authenticated", "BrokersSeen", "Close", "InFlight", "Mute",
     "ProxyConnection", "QuotaPolicy", "Throttled", "ToBroker", "ToClient", "produce_acks",
 ]

@@ -99,10 +99,9 @@ class ClientQuotaManager:
         bucket = self._bucket(key)
         bucket.bound = bound
         bucket.rate.record(value, now_ms)
-        observed = bucket.rate.measure(now_ms)
+        observed, window_ms = bucket.rate.measure_with_window(now_ms)
         if observed <= bound:
             return Charge(key, bound, observed, 0)
-        window_ms = bucket.rate.window_ms(now_ms)
         if self.max_throttle_ms is None:
             throttle = throttle_time_ms(observed, bound, window_ms)
         else:

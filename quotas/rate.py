@@ -121,8 +121,12 @@ class WindowedRate:
 
     def measure(self, now_ms: int) -> float:
         """Rate per second at `now_ms`."""
+        return self.measure_with_window(now_ms)[0]
+
+    def measure_with_window(self, now_ms: int) -> tuple[float, int]:
+        """Rate per second and the window it was measured over (the throttle formula needs both)."""
         window = self.window_ms(now_ms)
-        return sum(sample.value for sample in self._samples) * 1000.0 / window
+        return sum(sample.value for sample in self._samples) * 1000.0 / window, window
 
     @property
     def idle_since_ms(self) -> int | None:

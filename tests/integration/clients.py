@@ -94,3 +94,83 @@ def read_all(conf: dict[str, Any], topic: str, count: int) -> dict[int, list[str
     finally:
         consumer.close()
     return consumed
+
+
+def _drain_into(consumed: dict[int, list[str]], batches: dict[Any, list[Any]]) -> int:
+    got = 0
+    for tp, messages in batches.items():
+        for message in messages:
+            consumed.setdefault(tp.partition, []).append(message.value.decode())
+            got += 1
+    return got
+
+
+def kafka_python_round_trip(bootstrap: str, topic: str, count: int, proxy_port: int, node_ids: list[int],
+                            real_bootstrap: str, **config: Any) -> dict[int, list[str]]:
+    """kafka-python: produce `records(count)`, check the producer's and the group coordinator's
+    addresses are the proxy's, and consume with a group until one empty poll after the last record
+    (a duplicate would show up there). Returns what was consumed, per partition."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **config)
+    try:
+        futures = [producer.send(topic, key=k, value=v, partition=p) for p, k, v in records(count)]
+        producer.flush(60)
+        for future in futures:
+            future.get(timeout=10)
+        assert_proxy_addresses([(b.node_id, b.host, b.port) for b in producer._metadata.brokers()],
+                               proxy_port, node_ids, real_bootstrap)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic_name("g"),
+                             auto_offset_reset="earliest", **config)
+    consumed: dict[int, list[str]] = {}
+    total = 0
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            batches = consumer.poll(timeout_ms=1000)
+            if not batches and total >= count:
+                break
+            total += _drain_into(consumed, batches)
+        coordinator = consumer._coordinator.coordinator_id
+        assert coordinator is not None, "the consumer found no group coordinator"
+        broker = consumer._client.cluster.broker_metadata(coordinator)
+        node = int(str(coordinator).rsplit("-", 1)[-1])  # kafka-python names it "coordinator-<id>"
+        assert broker.port == proxy_port + 1 + node, f"coordinator known as {broker}"
+    finally:
+        consumer.close()
+    return consumed
+
+
+async def aiokafka_round_trip(bootstrap: str, topic: str, count: int, proxy_port: int, node_ids: list[int],
+                              real_bootstrap: str, **config: Any) -> dict[int, list[str]]:
+    """aiokafka, idempotent: the same round trip as `kafka_python_round_trip`."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **config)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, value=v, key=k, partition=p) for p, k, v in records(count)]
+        await asyncio.gather(*sent)
+        assert_proxy_addresses([(b.nodeId, b.host, b.port) for b in producer.client.cluster.brokers()],
+                               proxy_port, node_ids, real_bootstrap)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic_name("g"),
+                                auto_offset_reset="earliest", **config)
+    await consumer.start()
+    consumed: dict[int, list[str]] = {}
+    total = 0
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=1000)
+            if not batches and total >= count:
+                break
+            total += _drain_into(consumed, batches)
+    finally:
+        await consumer.stop()
+    return consumed

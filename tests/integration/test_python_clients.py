@@ -10,8 +10,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from .clients import (
     PARTITIONS,
+    aiokafka_round_trip,
     assert_exact,
     assert_proxy_addresses,
+    kafka_python_round_trip,
     records,
     topic_name,
     wait_until,
@@ -146,7 +148,6 @@ def test_confluent_create_and_delete_topics(kafka_cluster, proxy):
 
 
 def test_kafka_python_produce_consume_and_addresses(kafka_cluster, proxy):
-    from kafka import KafkaConsumer, KafkaProducer
     from kafka.admin import KafkaAdminClient
     from kafka.admin import NewTopic as KNewTopic
 
@@ -160,30 +161,8 @@ def test_kafka_python_produce_consume_and_addresses(kafka_cluster, proxy):
     assert_proxy_addresses([(b["broker_id"], b["host"], b["port"]) for b in cluster["brokers"]],
                            proxy.port, kafka_cluster.node_ids, kafka_cluster.bootstrap)
 
-    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", linger_ms=5)
-    try:
-        futures = [producer.send(topic, key=k, value=v, partition=p) for p, k, v in records(COUNT)]
-        producer.flush(60)
-        for future in futures:
-            future.get(timeout=10)
-        assert_proxy_addresses([(b.node_id, b.host, b.port) for b in producer._metadata.brokers()],
-                               proxy.port, kafka_cluster.node_ids, kafka_cluster.bootstrap)
-    finally:
-        producer.close()
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=topic_name("g"),
-                             auto_offset_reset="earliest", consumer_timeout_ms=8000)
-    consumed: dict[int, list[str]] = {}
-    try:
-        for message in consumer:
-            consumed.setdefault(message.partition, []).append(message.value.decode())
-        coordinator = consumer._coordinator.coordinator_id
-        assert coordinator is not None, "the consumer found no group coordinator"
-        broker = consumer._client.cluster.broker_metadata(coordinator)
-        node = int(str(coordinator).rsplit("-", 1)[-1])  # kafka-python names it "coordinator-<id>"
-        assert broker.port == proxy.port + 1 + node, f"coordinator known as {broker}"
-    finally:
-        consumer.close()
+    consumed = kafka_python_round_trip(proxy.bootstrap, topic, COUNT, proxy.port, kafka_cluster.node_ids,
+                                       kafka_cluster.bootstrap)
     assert_exact(consumed, COUNT)
 
 
@@ -191,39 +170,9 @@ def test_kafka_python_produce_consume_and_addresses(kafka_cluster, proxy):
 
 
 def test_aiokafka_produce_consume_and_addresses(kafka_cluster, proxy):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
     topic = topic_name("aio")
     _create_topic(proxy.bootstrap, topic)
 
-    async def scenario() -> dict[int, list[str]]:
-        producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", enable_idempotence=True)
-        await producer.start()
-        try:
-            batch = [await producer.send(topic, value=v, key=k, partition=p) for p, k, v in records(COUNT)]
-            await asyncio.gather(*batch)
-            brokers = producer.client.cluster.brokers()
-            assert_proxy_addresses([(b.nodeId, b.host, b.port) for b in brokers], proxy.port,
-                                   kafka_cluster.node_ids, kafka_cluster.bootstrap)
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=topic_name("g"),
-                                    auto_offset_reset="earliest")
-        await consumer.start()
-        consumed: dict[int, list[str]] = {}
-        total = 0
-        try:
-            deadline = time.monotonic() + 60
-            while total < COUNT + 1 and time.monotonic() < deadline:
-                batches = await consumer.getmany(timeout_ms=1500 if total >= COUNT else 1000)
-                if not batches and total >= COUNT:
-                    break
-                for tp, messages in batches.items():
-                    for message in messages:
-                        consumed.setdefault(tp.partition, []).append(message.value.decode())
-                        total += 1
-        finally:
-            await consumer.stop()
-        return consumed
-
-    assert_exact(asyncio.run(scenario()), COUNT)
+    consumed = asyncio.run(aiokafka_round_trip(proxy.bootstrap, topic, COUNT, proxy.port,
+                                               kafka_cluster.node_ids, kafka_cluster.bootstrap))
+    assert_exact(consumed, COUNT)

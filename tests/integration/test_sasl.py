@@ -19,7 +19,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.local_kafka import SASL_USERS
 
-from .clients import assert_exact, assert_proxy_addresses, read_all, records, topic_name, wait_until
+from .clients import (
+    aiokafka_round_trip,
+    assert_exact,
+    assert_proxy_addresses,
+    kafka_python_round_trip,
+    read_all,
+    records,
+    topic_name,
+    wait_until,
+)
 from .conftest import JAVA_PRODUCER_PERF
 
 JAVA_BROKER_API_VERSIONS = "org.apache.kafka.tools.BrokerApiVersionsCommand"
@@ -78,40 +87,13 @@ def test_confluent_plain_alice(kafka_cluster, sasl_proxy):
 
 
 def test_kafka_python_scram_sha256_bob(kafka_cluster, sasl_proxy):
-    from kafka import KafkaConsumer, KafkaProducer
-
     sasl = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
             "sasl_plain_username": "bob", "sasl_plain_password": SASL_USERS["bob"]}
     topic = topic_name("sasl-scram256")
     _create_topic(_conf(sasl_proxy.bootstrap, "PLAIN", "admin"), topic)
     start = len(sasl_proxy.log())
-    producer = KafkaProducer(bootstrap_servers=sasl_proxy.bootstrap, acks="all", **sasl)
-    try:
-        futures = [producer.send(topic, key=k, value=v, partition=p) for p, k, v in records(COUNT)]
-        producer.flush(30)
-        for future in futures:
-            future.get(timeout=10)
-        assert_proxy_addresses([(b.node_id, b.host, b.port) for b in producer._metadata.brokers()],
-                               sasl_proxy.port, kafka_cluster.node_ids, kafka_cluster.sasl_bootstrap)
-    finally:
-        producer.close()
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=sasl_proxy.bootstrap, group_id=topic_name("g"),
-                             auto_offset_reset="earliest", **sasl)
-    consumed: dict[int, list[str]] = {}
-    total = 0
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            batches = consumer.poll(timeout_ms=1000)
-            if not batches and total >= COUNT:  # one empty poll after the last record: no duplicates
-                break
-            for tp, messages in batches.items():
-                for message in messages:
-                    consumed.setdefault(tp.partition, []).append(message.value.decode())
-                    total += 1
-    finally:
-        consumer.close()
+    consumed = kafka_python_round_trip(sasl_proxy.bootstrap, topic, COUNT, sasl_proxy.port,
+                                       kafka_cluster.node_ids, kafka_cluster.sasl_bootstrap, **sasl)
     assert_exact(consumed, COUNT)
     _wait_for_new_log(sasl_proxy, start, _login("bob", "SCRAM-SHA-256"))
 
@@ -155,44 +137,15 @@ def test_java_scram_sha512_admin(kafka_cluster, kafka_java, sasl_proxy, tmp_path
 
 
 def test_aiokafka_plain_bob(kafka_cluster, sasl_proxy):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
     sasl = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
             "sasl_plain_username": "bob", "sasl_plain_password": SASL_USERS["bob"]}
     topic = topic_name("sasl-aio")
     _create_topic(_conf(sasl_proxy.bootstrap, "PLAIN", "alice"), topic)
     start = len(sasl_proxy.log())
 
-    async def scenario() -> dict[int, list[str]]:
-        producer = AIOKafkaProducer(bootstrap_servers=sasl_proxy.bootstrap, acks="all", **sasl)
-        await producer.start()
-        try:
-            sent = [await producer.send(topic, value=v, key=k, partition=p) for p, k, v in records(COUNT)]
-            await asyncio.gather(*sent)
-            assert_proxy_addresses([(b.nodeId, b.host, b.port) for b in producer.client.cluster.brokers()],
-                                   sasl_proxy.port, kafka_cluster.node_ids, kafka_cluster.sasl_bootstrap)
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=sasl_proxy.bootstrap, group_id=topic_name("g"),
-                                    auto_offset_reset="earliest", **sasl)
-        await consumer.start()
-        consumed: dict[int, list[str]] = {}
-        total = 0
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                batches = await consumer.getmany(timeout_ms=1000)
-                if not batches and total >= COUNT:
-                    break
-                for tp, messages in batches.items():
-                    for message in messages:
-                        consumed.setdefault(tp.partition, []).append(message.value.decode())
-                        total += 1
-        finally:
-            await consumer.stop()
-        return consumed
-
-    assert_exact(asyncio.run(scenario()), COUNT)
+    consumed = asyncio.run(aiokafka_round_trip(sasl_proxy.bootstrap, topic, COUNT, sasl_proxy.port,
+                                               kafka_cluster.node_ids, kafka_cluster.sasl_bootstrap, **sasl))
+    assert_exact(consumed, COUNT)
     _wait_for_new_log(sasl_proxy, start, _login("bob", "PLAIN"))
 
 

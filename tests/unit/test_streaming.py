@@ -7,18 +7,16 @@ import uuid
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 
 from protocol.api_versions import clamp_api_versions
-from protocol.connection import STREAM_MIN_BYTES, Mute, ProxyConnection, ToClient
+from protocol.connection import STREAM_MIN_BYTES, Mute, ProxyConnection
 from protocol.frames import frame
 from protocol.headers import encode_request_header, encode_response_header
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaEntity
 from quotas.types import QuotaType
 
+from .wire import advertise, to_client
+
 VERSION = 15
-
-
-def advertise(node: int) -> tuple[str, int]:
-    return "proxy", 9000 + node
 
 
 def fetch_request(cid: int, client: str = "c") -> bytes:
@@ -37,10 +35,6 @@ def fetch_response(cid: int, records: bytes) -> bytes:
     body = R(throttle_time_ms=0, error_code=0, session_id=7,
              responses=[T(topic_id=uuid.UUID(int=1), partitions=[partition])]).encode()
     return encode_response_header(cid, 1) + bytes(body)
-
-
-def to_client(actions: list[object]) -> bytes:
-    return b"".join(b"".join(a.chunks) for a in actions if isinstance(a, ToClient))
 
 
 def test_large_fetch_streams_before_it_is_complete() -> None:
