@@ -70,7 +70,7 @@ class OrderedWriter:
 
     def write(self, chunks: list[bytes], delay_ms: int) -> None:
         if delay_ms <= 0 and not self._held:
-            if self.transport is not None:
+            if self.transport is not None and not self.transport.is_closing():
                 self.transport.writelines(chunks)
             return
         release = max(now_ms() + delay_ms, self._held[-1][0] if self._held else 0.0)
@@ -141,6 +141,8 @@ class ClientSession(asyncio.Protocol):
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._connecting: asyncio.Task[None] | None = None
         self._closing = False
+        #: the client closed its side (as opposed to the proxy closing it for a reason)
+        self._client_gone = False
         self._peer = "?"
         #: why the client is not being read: "connecting", "backpressure", "throttle"
         self._read_blocks: set[str] = set()
@@ -176,7 +178,7 @@ class ClientSession(asyncio.Protocol):
             except (TimeoutError, OSError) as exc:
                 errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
                 continue
-            if self._closing:
+            if self._closing and not self._client_gone:  # closed for a reason: nothing goes on
                 protocol.transport.close()  # type: ignore[attr-defined]
                 return
             self.upstream = protocol  # type: ignore[assignment]
@@ -187,7 +189,12 @@ class ClientSession(asyncio.Protocol):
             if self._pending:
                 pending, self._pending = self._pending, []
                 for data in pending:
-                    self.data_received(data)
+                    self._feed(self.conn.receive_from_client, data, "client")
+            if self._client_gone:
+                # The client left before the broker connection was up: what it sent still goes
+                # (an acks=0 Produce has no other chance), then this side closes too.
+                protocol.transport.close()  # type: ignore[attr-defined]
+                return
             self._unblock("connecting")
             return
         target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
@@ -218,6 +225,7 @@ class ClientSession(asyncio.Protocol):
         self._to_client.close()
         self._to_broker.close()
         self._closing = True
+        self._client_gone = True
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
 
@@ -266,6 +274,8 @@ class ClientSession(asyncio.Protocol):
 
     def _mute(self, ms: int) -> None:
         """KIP-219: the response went out at once; now stop reading until the throttle passes."""
+        if self._client_gone:
+            return
         until = now_ms() + ms
         if until <= self._muted_until:
             return
