@@ -33,8 +33,8 @@ class RunResult:
 
 
 def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10_000,
-                **config: object) -> RunResult:
-    """librdkafka at full speed for `seconds`; every delivery report is timed."""
+                offered_rate: float | None = None, **config: object) -> RunResult:
+    """librdkafka for `seconds`, at full speed or at `offered_rate` bytes/s; every delivery is timed."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
                          "queue.buffering.max.kbytes": 4096, **config})
     result = RunResult(time.monotonic())
@@ -52,6 +52,11 @@ def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10
     deadline = result.started + seconds
     sent = 0
     while time.monotonic() < deadline:
+        if offered_rate is not None:
+            ahead = result.started + sent * value_size / offered_rate - time.monotonic()
+            if ahead > 0:
+                producer.poll(min(ahead, 0.05))
+                continue
         try:
             producer.produce(topic, value, str(sent % 97).encode(), on_delivery=report)
             sent += 1
