@@ -18,6 +18,7 @@ from kafka import KafkaAdminClient
 
 from proxy.local_kafka import KAFKA_VERSION, SASL_USERS, LocalKafka, ensure_kafka_jars
 
+from .clients import wait_until
 from .conftest import (
     JAVA_CONFIG_COMMAND,
     JAVA_CONSOLE_CONSUMER,
@@ -39,6 +40,18 @@ def _create_topic(bootstrap: str, name: str, partitions: int, replication: int) 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(name, partitions, replication)], operation_timeout=30)
     futures[name].result(timeout=60)
+    # CreateTopics returns once the controller has the topic; each broker learns it a little later from
+    # the metadata log, so wait (bounded) until every broker lists all partitions with a leader.
+    for node in bootstrap.split(","):
+        view = AdminClient({"bootstrap.servers": node})
+        wait_until(lambda v=view: _partitions_led(v, name) == partitions, 30, f"{name} on {node}")
+
+
+def _partitions_led(admin: AdminClient, topic: str) -> int:
+    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    if meta.error is not None:
+        return -1
+    return sum(1 for p in meta.partitions.values() if p.leader >= 0)
 
 
 def _sasl_conf(cluster: LocalKafka, mechanism: str, user: str, password: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.local_kafka import SASL_USERS, LocalKafka
 
-from .clients import PARTITIONS, topic_name
+from .clients import PARTITIONS, topic_name, wait_until
 from .proxies import QuotaProxy
 from .quota_runs import RunResult, consume_for, produce_for
 
@@ -60,6 +60,9 @@ def _topic(bootstrap: str, prefix: str, **config: object) -> str:
     name = topic_name(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap, **config})  # kept alive until the result
     admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
+    # The controller answers before every broker has the topic; wait (bounded) until metadata shows it.
+    wait_until(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == PARTITIONS,
+               30, f"{name} in metadata")
     return name
 
 
