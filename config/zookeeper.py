@@ -1,0 +1,672 @@
+"""Quotas in ZooKeeper, in Kafka's own znode layout, shared by every proxy pointed at the same ensemble.
+
+Why Kafka's layout: operators of ZooKeeper-era Kafka already have tooling, habits and data in it, and a
+broker and a proxy (or many proxies) can read the same quotas. What this module reads and writes, under an
+optional chroot (``/kafka`` ...), exactly as Kafka 3.x's ``AdminZkClient``/``ZkAdminManager`` did:
+
+    /config/users/<user>                              user entity
+    /config/users/<user>/clients/<client-id>          (user, client-id) entity
+    /config/clients/<client-id>                       client-id entity
+    /config/changes/config_change_<seq>               change notifications for ZooKeeper-mode brokers
+
+Both user and client-id names are sanitized in paths (Kafka's ``Sanitizer``: percent-encoding of every
+UTF-8 byte outside ``[A-Za-z0-9._-]``); ``<default>`` names a default entity. Node data is
+``{"version":1,"config":{"producer_byte_rate":"1024","request_percentage":"50.0"}}``: every value a
+string, byte rates written as longs and the other quotas as Java doubles. User nodes also hold SCRAM
+credentials (``SCRAM-SHA-256`` ...), which are ignored when reading and kept when writing.
+
+How changes arrive: every node read sets a one-shot watch; any watch event or reconnection wakes one
+background thread, which (after a short debounce) re-reads the whole tree, re-arming every watch, and
+calls ``on_change`` when the resulting table differs. A full re-read is simple and cannot miss a change
+that happened while watches were being re-armed, since each read arms its watch atomically. While
+ZooKeeper is unreachable the last known table stays in force; kazoo reconnects by itself (also with a new
+session after expiry) and the reconnection triggers a full resynchronisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
+from kazoo.protocol.states import WatchedEvent, ZnodeStat
+from kazoo.retry import KazooRetry
+
+from quotas.engine import QuotaTable
+from quotas.entity import DEFAULT, QuotaEntity, desanitize, sanitize
+from quotas.types import QUOTA_KEYS, QuotaType
+
+from .quotas import ENFORCED, QuotaConfigError, validate_value
+
+log = logging.getLogger("kthrottle.config.zookeeper")
+
+#: Version fields Kafka writes: entity config nodes are version 1, change notifications version 2.
+CONFIG_VERSION = 1
+NOTIFICATION_VERSION = 2
+#: Kafka's ``ConfigEntityChangeNotificationSequenceZNode.SequenceNumberPrefix``.
+CHANGE_PREFIX = "config_change_"
+#: Kafka's brokers delete change notifications older than this (``ZkNodeChangeNotificationListener``); a
+#: proxy that is the only writer does the same, or /config/changes would grow forever.
+NOTIFICATION_EXPIRY_S = 15 * 60
+#: Let a burst of watch events (one alter touches a node, its parents and /config/changes) settle into
+#: one re-read; small next to the one second within which a change must be live.
+DEBOUNCE_S = 0.05
+#: Pause before re-reading after a failed read while still connected (a timeout, a node vanishing).
+RETRY_S = 0.5
+#: Attempts of one entity's read-modify-write when another writer changed it in between.
+ALTER_ATTEMPTS = 5
+#: Reconnection back-off cap: kazoo's default grows to an hour, far too slow to resynchronise promptly.
+RECONNECT_MAX_DELAY_S = 2.0
+
+_LONG_MAX = 2**63 - 1
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+class ZooKeeperQuotaError(RuntimeError):
+    """ZooKeeper could not be reached, read or written; the message names the ensemble."""
+
+
+# --------------------------------------------------------------------------------------------- layout
+
+
+def normalize_chroot(chroot: str) -> str:
+    """``""``, ``"/"`` and ``"kafka/"`` become ``""``, ``""`` and ``"/kafka"``: a prefix to join paths to."""
+    path = chroot.strip().strip("/")
+    if not path:
+        return ""
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f'ZooKeeper chroot {chroot!r} is not a valid path like "/kafka"')
+    return "/" + path
+
+
+def _path_name(name: str) -> str:
+    """One entity name as a path component: ``<default>`` as is, anything else sanitized."""
+    if not name:
+        raise QuotaConfigError("an entity name must not be empty")
+    return name if name == DEFAULT else sanitize(name)
+
+
+def entity_path(entity: QuotaEntity) -> str:
+    """Kafka's sanitized entity path under /config: ``users/alice/clients/app``, ``clients/<default>``."""
+    if entity.user is not None and entity.client_id is not None:
+        return f"users/{_path_name(entity.user)}/clients/{_path_name(entity.client_id)}"
+    if entity.user is not None:
+        return f"users/{_path_name(entity.user)}"
+    if entity.client_id is not None:
+        return f"clients/{_path_name(entity.client_id)}"
+    raise QuotaConfigError("an entity names neither a user nor a client-id")
+
+
+def _entity_name(component: str) -> str:
+    return DEFAULT if component == DEFAULT else desanitize(component)
+
+
+def entity_for_path(path: str) -> QuotaEntity:
+    """The inverse of ``entity_path``; raises ValueError for a path outside the quota layout."""
+    parts = path.split("/")
+    if len(parts) == 2 and parts[0] == "users":
+        return QuotaEntity(_entity_name(parts[1]), None)
+    if len(parts) == 4 and parts[0] == "users" and parts[2] == "clients":
+        return QuotaEntity(_entity_name(parts[1]), _entity_name(parts[3]))
+    if len(parts) == 2 and parts[0] == "clients":
+        return QuotaEntity(None, _entity_name(parts[1]))
+    raise ValueError(f"{path!r} is not a quota entity path")
+
+
+def java_double(value: float) -> str:
+    """Java's ``Double.toString``, which Kafka used for DOUBLE quota values: "50.0", "0.5", "1.0E7"."""
+    if value == 0:
+        return "0.0"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    # repr gives the shortest digits that round-trip, as Java (JDK 19+) prints them.
+    _, digit_tuple, exponent = Decimal(repr(magnitude)).as_tuple()
+    assert isinstance(exponent, int)
+    digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
+    power = len(digit_tuple) + exponent - 1  # the decimal exponent of the first digit
+    if 1e-3 <= magnitude < 1e7:
+        if power >= 0:
+            whole = digits[: power + 1].ljust(power + 1, "0")
+            fraction = digits[power + 1 :] or "0"
+        else:
+            whole, fraction = "0", "0" * (-power - 1) + digits
+        return f"{sign}{whole}.{fraction}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{power}"
+
+
+def format_value(quota_type: QuotaType, value: float) -> str:
+    """A quota value as ``ZkAdminManager.alterClientQuotas`` stored it: longs for byte rates, else doubles."""
+    if quota_type.integral:
+        return str(min(int(value + 1e-6), _LONG_MAX))
+    return java_double(value)
+
+
+def encode_config(config: Mapping[str, Any]) -> bytes:
+    """Node data as Kafka's ``ConfigEntityZNode.encode`` writes it (Jackson: compact, UTF-8)."""
+    document = {"version": CONFIG_VERSION, "config": dict(config)}
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_config(data: bytes | None) -> dict[str, Any]:
+    """The ``config`` object of a node; empty for a node without data (a parent Kafka created).
+
+    Raises ValueError for data that is not such a JSON document: Kafka would silently read it as empty,
+    which would drop the entity's quotas, so the caller keeps its last good values instead.
+    """
+    if not data:
+        return {}
+    document = json.loads(data.decode("utf-8"))
+    if not isinstance(document, dict):
+        raise ValueError("node data is not a JSON object")
+    config = document.get("config", {})
+    if not isinstance(config, dict):
+        raise ValueError(f'"config" is {type(config).__name__}, not an object')
+    return config
+
+
+def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[QuotaType, float]:
+    """The quotas kthrottle enforces from one node's config, validated the way the quota file is.
+
+    Keys that are no quota (SCRAM credentials) are skipped silently; quotas kthrottle does not enforce
+    (``controller_mutation_rate``) are skipped with one log line. Raises QuotaConfigError naming the entity,
+    key and value for anything invalid.
+    """
+    values: dict[QuotaType, float] = {}
+    for key, raw in config.items():
+        quota_type = QUOTA_KEYS.get(key)
+        if quota_type is None:
+            continue
+        if quota_type not in ENFORCED:
+            log.info(
+                "quota for %s: %s = %r is not enforced by kthrottle; ignored", entity.describe(), key, raw
+            )
+            continue
+        if not isinstance(raw, str) or not _NUMBER.fullmatch(raw.strip()):
+            raise QuotaConfigError(
+                f"quota for {entity.describe()}: {key} = {raw!r} is not a number written as a string"
+            )
+        validated_type, number = validate_value(entity, key, float(raw))
+        values[validated_type] = number
+    return values
+
+
+def _check_value(entity: QuotaEntity, quota_type: QuotaType, value: float) -> None:
+    """Kafka's rules for a value about to be stored; quotas kthrottle does not enforce only need > 0."""
+    if quota_type in ENFORCED:
+        validate_value(entity, quota_type.value, value)
+    elif (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise QuotaConfigError(f"quota for {entity.describe()}: {quota_type.value} = {value!r} must be > 0")
+
+
+# --------------------------------------------------------------------------------------------- source
+
+
+class ZooKeeperQuotas:
+    """The quota source (and the admin API's store) backed by ZooKeeper in Kafka's znode layout.
+
+    ``on_change(table)`` gets the complete table: once from ``start()`` on the caller's thread, then from
+    this object's background thread (not an event loop: marshal it, e.g. ``loop.call_soon_threadsafe``)
+    whenever the table read from ZooKeeper differs from the last one delivered. The table passed is never
+    mutated afterwards. An entity whose node holds invalid data keeps its last good values (an error names
+    the entity, key and value); a node that disappears takes its entity out of the table.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        chroot: str = "",
+        *,
+        on_change: Callable[[QuotaTable], None],
+        timeout: float = 10.0,
+    ) -> None:
+        self.hosts = hosts
+        self.chroot = normalize_chroot(chroot)
+        self.timeout = timeout
+        self._on_change = on_change
+        self._root = f"{self.chroot}/config"
+        self._where = f"{hosts}{self.chroot}"
+        self._client: KazooClient | None = None
+        self._lock = threading.Lock()
+        self._table: QuotaTable = {}
+        #: Per entity path: the node data last parsed and its result (None when invalid), so unchanged
+        #: nodes are neither parsed nor reported again on every re-read.
+        self._parsed: dict[str, tuple[bytes, dict[QuotaType, float] | None]] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_failure = ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Connect (within ``timeout``), read every quota, deliver them once, then keep watching."""
+        if self._client is not None:
+            raise ZooKeeperQuotaError(f"the ZooKeeper quota source for {self._where} is already started")
+        retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S)
+        try:
+            client = KazooClient(hosts=self.hosts, timeout=self.timeout, connection_retry=retry)
+        except (ValueError, KazooException) as exc:
+            raise ZooKeeperQuotaError(f"invalid ZooKeeper connect string {self.hosts!r}: {exc}") from exc
+        try:
+            client.start(timeout=self.timeout)
+        except (KazooTimeoutError, KazooException, OSError) as exc:
+            _close_quietly(client)
+            reason = str(exc) or type(exc).__name__
+            raise ZooKeeperQuotaError(
+                f"cannot connect to ZooKeeper at {self.hosts} within {self.timeout:g} s: {reason}"
+            ) from exc
+        self._client = client
+        client.add_listener(self._on_state)
+        try:
+            table = self._build(self._read_tree(client))
+        except Exception as exc:
+            self._client = None
+            _close_quietly(client)
+            raise ZooKeeperQuotaError(
+                f"cannot read the quotas in ZooKeeper at {self._where}: {exc!r}"
+            ) from exc
+        log.info(
+            "ZooKeeper %s: %d quota entit%s loaded",
+            self._where,
+            len(table),
+            "y" if len(table) == 1 else "ies",
+        )
+        self._deliver(table, force=True)
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="kthrottle-zookeeper-quotas", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching and close the session; the last table stays readable through ``current()``."""
+        self._stopping.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.timeout + 5)
+        client, self._client = self._client, None
+        if client is not None:
+            client.remove_listener(self._on_state)
+            _close_quietly(client)
+
+    def current(self) -> QuotaTable:
+        """The last good table (a copy)."""
+        with self._lock:
+            return {entity: dict(values) for entity, values in self._table.items()}
+
+    @property
+    def connected(self) -> bool:
+        """True while the session is connected (the table may be stale otherwise)."""
+        client = self._client
+        return client is not None and client.connected
+
+    # ------------------------------------------------------------------ writes
+
+    def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
+        """Store quota changes (None removes a key) the way Kafka's ``ZkAdminManager`` did; blocking.
+
+        Per entity, one ZooKeeper transaction does the read-modify-write (versioned, retried when another
+        writer got in between) and creates the change notification ZooKeeper-mode brokers listen to. Other
+        keys in the node (SCRAM credentials) are kept. A node left without config and without children is
+        deleted, with its ``clients`` parent and user node when they become empty (Kafka 3.5+); otherwise it
+        is written as ``{"version":1,"config":{}}``. Raises QuotaConfigError for an invalid value before
+        anything is written, ZooKeeperQuotaError when ZooKeeper fails (entities listed before the failing
+        one are stored).
+        """
+        for entity, ops in changes.items():
+            entity_path(entity)
+            for quota_type, value in ops.items():
+                if value is not None:
+                    _check_value(entity, quota_type, value)
+        client = self._client
+        if client is None:
+            raise ZooKeeperQuotaError(f"the ZooKeeper quota source for {self._where} is not started")
+        if not client.connected:
+            raise ZooKeeperQuotaError(f"not connected to ZooKeeper at {self.hosts}: quotas not stored")
+        stored: list[str] = []
+        for entity, ops in changes.items():
+            try:
+                self._alter_entity(client, entity, ops)
+            except (KazooException, KazooTimeoutError, OSError) as exc:
+                done = f" (already stored: {'; '.join(stored)})" if stored else ""
+                raise ZooKeeperQuotaError(
+                    f"storing quotas for {entity.describe()} in ZooKeeper at {self._where} failed: "
+                    f"{exc!r}{done}"
+                ) from exc
+            stored.append(entity.describe())
+        self._purge_notifications(client)
+
+    def _alter_entity(
+        self, client: KazooClient, entity: QuotaEntity, ops: Mapping[QuotaType, float | None]
+    ) -> None:
+        relative = entity_path(entity)
+        path = f"{self._root}/{relative}"
+        changes_path = f"{self._root}/changes"
+        notification = json.dumps(
+            {"version": NOTIFICATION_VERSION, "entity_path": relative},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
+        for _attempt in range(ALTER_ATTEMPTS):
+            data, stat = self._get_or_none(client, path)
+            try:
+                config = decode_config(data)
+            except ValueError as exc:
+                log.warning(
+                    "ZooKeeper %s: %s holds invalid data (%s); overwriting it", self._where, path, exc
+                )
+                config = {}
+            for quota_type, value in ops.items():
+                if value is None:
+                    config.pop(quota_type.value, None)
+                else:
+                    config[quota_type.value] = format_value(quota_type, value)
+            self._wait(client.ensure_path_async(changes_path))
+            txn = client.transaction()
+            if config or (stat is not None and stat.numChildren > 0):
+                if stat is None:
+                    self._wait(client.ensure_path_async(path.rsplit("/", 1)[0]))
+                    txn.create(path, encode_config(config))
+                else:
+                    txn.set_data(path, encode_config(config), version=stat.version)
+            elif stat is not None:
+                for delete_path, version in self._empty_nodes(client, relative, path, stat):
+                    txn.delete(delete_path, version=version)
+            txn.create(f"{changes_path}/{CHANGE_PREFIX}", notification, sequence=True)
+            results = self._wait(txn.commit_async())
+            failures = [r for r in results if isinstance(r, Exception)]
+            if not failures:
+                return
+            conflict = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
+            if not any(isinstance(r, conflict) for r in failures):
+                raise next((r for r in failures if not isinstance(r, RolledBackError)), failures[0])
+            log.info("ZooKeeper %s: %s changed while being written; retrying", self._where, path)
+        raise ZooKeeperQuotaError(
+            f"storing quotas for {entity.describe()} in ZooKeeper at {self._where} failed: {path} kept "
+            f"changing under {ALTER_ATTEMPTS} attempts"
+        )
+
+    def _empty_nodes(
+        self, client: KazooClient, relative: str, path: str, stat: ZnodeStat
+    ) -> list[tuple[str, int]]:
+        """Nodes to delete, deepest first, with versions, for an entity left empty (tryCleanQuotaNodes)."""
+        doomed = [(path, stat.version)]
+        parts = relative.split("/")
+        if len(parts) == 4:  # users/<u>/clients/<c>: the clients node, then the user node, may go too
+            clients_path = path.rsplit("/", 1)[0]
+            if self._wait(client.get_children_async(clients_path)) == [parts[3]]:
+                doomed.append((clients_path, -1))
+                user_path = clients_path.rsplit("/", 1)[0]
+                user_data, user_stat = self._get_or_none(client, user_path)
+                try:
+                    user_config = decode_config(user_data)
+                except ValueError:
+                    user_config = {"<invalid>": True}  # unreadable data is no proof of emptiness
+                if user_stat is not None and not user_config and user_stat.numChildren == 1:
+                    doomed.append((user_path, user_stat.version))
+        return doomed
+
+    def _purge_notifications(self, client: KazooClient) -> None:
+        """Delete change notifications older than Kafka's expiry, as its brokers would; best effort."""
+        changes_path = f"{self._root}/changes"
+        try:
+            names = [
+                n for n in self._wait(client.get_children_async(changes_path)) if n.startswith(CHANGE_PREFIX)
+            ]
+            pending = {name: client.exists_async(f"{changes_path}/{name}") for name in names}
+            cutoff_ms = (time.time() - NOTIFICATION_EXPIRY_S) * 1000
+            deletes = [
+                client.delete_async(f"{changes_path}/{name}")
+                for name, result in pending.items()
+                if (stat := self._wait(result)) is not None and stat.ctime < cutoff_ms
+            ]
+            for result in deletes:
+                with contextlib.suppress(NoNodeError):  # a broker purged it first
+                    self._wait(result)
+        except (KazooException, KazooTimeoutError) as exc:
+            log.debug("ZooKeeper %s: purging old change notifications failed: %r", self._where, exc)
+
+    # ------------------------------------------------------------------ reads
+
+    def _wait(self, result: IAsyncResult) -> Any:
+        """Every ZooKeeper call is bounded: kazoo's own ``get()`` would wait for a reconnection forever."""
+        return result.get(timeout=self.timeout)
+
+    def _get_or_none(self, client: KazooClient, path: str) -> tuple[bytes | None, ZnodeStat | None]:
+        try:
+            data, stat = self._wait(client.get_async(path))
+        except NoNodeError:
+            return None, None
+        return data, stat
+
+    def _watch(self, _event: WatchedEvent) -> None:
+        """Any event on any node read (kazoo's callback thread): schedule a full re-read."""
+        self._wake.set()
+
+    def _children(self, client: KazooClient, path: str) -> list[str]:
+        """Children of ``path`` with a child watch, or [] with an existence watch when it is missing."""
+        for _attempt in range(3):
+            try:
+                return list(self._wait(client.get_children_async(path, watch=self._watch)))
+            except NoNodeError:
+                if self._wait(client.exists_async(path, watch=self._watch)) is None:
+                    return []
+        raise ZooKeeperQuotaError(f"{path} keeps appearing and disappearing")
+
+    def _read_tree(self, client: KazooClient) -> dict[str, bytes]:
+        """Data of every entity node, keyed by entity path; requests of one level are pipelined."""
+        root = self._root
+        watch = self._watch
+        data_reads: dict[str, IAsyncResult] = {}
+        user_reads: dict[str, IAsyncResult] = {}
+        for user in self._children(client, f"{root}/users"):
+            data_reads[f"users/{user}"] = client.get_async(f"{root}/users/{user}", watch=watch)
+            user_reads[user] = client.get_children_async(f"{root}/users/{user}", watch=watch)
+        for client_id in self._children(client, f"{root}/clients"):
+            data_reads[f"clients/{client_id}"] = client.get_async(f"{root}/clients/{client_id}", watch=watch)
+        client_lists: dict[str, IAsyncResult] = {}
+        for user, result in user_reads.items():
+            try:
+                if "clients" in self._wait(result):
+                    client_lists[user] = client.get_children_async(
+                        f"{root}/users/{user}/clients", watch=watch
+                    )
+            except NoNodeError:
+                continue  # deleted since listed: its watch has already scheduled another read
+        for user, result in client_lists.items():
+            try:
+                names = self._wait(result)
+            except NoNodeError:
+                continue
+            for client_id in names:
+                relative = f"users/{user}/clients/{client_id}"
+                data_reads[relative] = client.get_async(f"{root}/{relative}", watch=watch)
+        found: dict[str, bytes] = {}
+        for relative, result in data_reads.items():
+            try:
+                data, _stat = self._wait(result)
+            except NoNodeError:
+                continue
+            found[relative] = data or b""
+        return found
+
+    def _build(self, nodes: Mapping[str, bytes]) -> QuotaTable:
+        """The table for the nodes read; an invalid node keeps its entity's values from the last table."""
+        table: QuotaTable = {}
+        canonical: dict[QuotaEntity, bool] = {}
+        parsed: dict[str, tuple[bytes, dict[QuotaType, float] | None]] = {}
+        for relative, data in sorted(nodes.items()):
+            try:
+                entity = entity_for_path(relative)
+            except (ValueError, UnicodeDecodeError) as exc:
+                if relative not in self._parsed:
+                    log.error(
+                        "ZooKeeper %s: ignoring %s/%s: not a sanitized entity name (%s)",
+                        self._where,
+                        self._root,
+                        relative,
+                        exc,
+                    )
+                parsed[relative] = (data, None)
+                continue
+            previous = self._parsed.get(relative)
+            if previous is not None and previous[0] == data:
+                values = previous[1]
+            else:
+                values = self._parse(entity, relative, data)
+            parsed[relative] = (data, values)
+            is_canonical = entity_path(entity) == relative
+            if entity in canonical and (canonical[entity] or not is_canonical):
+                log.warning(
+                    "ZooKeeper %s: %s/%s names %s again; ignored",
+                    self._where,
+                    self._root,
+                    relative,
+                    entity.describe(),
+                )
+                continue
+            canonical[entity] = is_canonical
+            if values is None:
+                values = self._table.get(entity)
+            if values:
+                table[entity] = dict(values)
+            else:
+                table.pop(entity, None)
+        self._parsed = parsed
+        return table
+
+    def _parse(self, entity: QuotaEntity, relative: str, data: bytes) -> dict[QuotaType, float] | None:
+        """One node's quotas, or None (with an error naming the entity, key and value) when invalid."""
+        try:
+            return parse_quota_config(entity, decode_config(data))
+        except QuotaConfigError as exc:
+            problem = str(exc)
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem = (
+                f"quota for {entity.describe()}: node data {data[:200]!r} is not Kafka's config JSON ({exc})"
+            )
+        kept = self._table.get(entity)
+        log.error(
+            "ZooKeeper %s: %s/%s: %s; %s",
+            self._where,
+            self._root,
+            relative,
+            problem,
+            f"keeping its last good quotas {_show(kept)}" if kept else "it has no last good quotas",
+        )
+        return None
+
+    # ------------------------------------------------------------------ background thread
+
+    def _on_state(self, state: str) -> None:
+        """Connection state changes (kazoo's connection thread: must not block)."""
+        if state == KazooState.CONNECTED:
+            log.info("ZooKeeper %s: connected; resynchronising quotas", self._where)
+            self._wake.set()
+        elif state == KazooState.SUSPENDED:
+            log.warning(
+                "ZooKeeper %s: connection lost; keeping the last known quotas while reconnecting", self._where
+            )
+        elif state == KazooState.LOST:
+            log.warning(
+                "ZooKeeper %s: session lost; keeping the last known quotas, reconnecting with a new session",
+                self._where,
+            )
+
+    def _run(self) -> None:
+        """Re-read the tree after each burst of events, while connected; retry a failed read."""
+        while not self._stopping.is_set():
+            self._wake.wait()
+            if self._stopping.wait(DEBOUNCE_S):
+                return
+            self._wake.clear()
+            client = self._client
+            if client is None or not client.connected:
+                continue  # the CONNECTED state change wakes us again
+            try:
+                table = self._build(self._read_tree(client))
+            except Exception as exc:  # whatever it was, this thread must live on to resynchronise later
+                failure = repr(exc)
+                if failure != self._last_failure:
+                    expected = isinstance(
+                        exc, KazooException | KazooTimeoutError | ZooKeeperQuotaError | OSError
+                    )
+                    log.log(
+                        logging.WARNING if expected else logging.ERROR,
+                        "ZooKeeper %s: reading quotas failed (%s); keeping the last known quotas, retrying",
+                        self._where,
+                        failure,
+                        exc_info=not expected,
+                    )
+                    self._last_failure = failure
+                if not self._stopping.wait(RETRY_S):
+                    self._wake.set()
+                continue
+            self._last_failure = ""
+            self._deliver(table)
+
+    def _deliver(self, table: QuotaTable, force: bool = False) -> None:
+        with self._lock:
+            changed = force or table != self._table
+            self._table = table
+        if not changed:
+            return
+        if not force:
+            log.info(
+                "ZooKeeper %s: quotas changed: %d entit%s",
+                self._where,
+                len(table),
+                "y" if len(table) == 1 else "ies",
+            )
+        try:
+            self._on_change(table)
+        except Exception:
+            log.exception("ZooKeeper %s: the quota change callback failed", self._where)
+
+
+def _show(values: Mapping[QuotaType, float] | None) -> str:
+    return "{" + ", ".join(f"{t.value}={v:g}" for t, v in (values or {}).items()) + "}"
+
+
+def _close_quietly(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception as exc:  # closing must never mask the error being reported
+        log.debug("closing the ZooKeeper client failed: %r", exc)
+
+
+__all__ = [
+    "ZooKeeperQuotaError",
+    "ZooKeeperQuotas",
+    "decode_config",
+    "encode_config",
+    "entity_for_path",
+    "entity_path",
+    "format_value",
+    "java_double",
+    "normalize_chroot",
+    "parse_quota_config",
+]
