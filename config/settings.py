@@ -64,6 +64,15 @@ class ProxySettings:
     #: At most this many (user, client-id) series per quota type in the metrics; the rest fold
     #: into one series labelled "__other__".
     metrics_max_entities: int = 1000
+    #: Principals ("User:<name>") allowed to change quotas through the admin API; nobody by default.
+    #: A plaintext client is "User:ANONYMOUS"; SASL clients are who the broker authenticated.
+    quota_admins: list[str] = field(default_factory=list)
+    #: Who may describe quotas: "admins" (the quota admins) or "everyone".
+    quota_describe: str = "admins"
+    #: ZooKeeper connect string: quotas then live in ZooKeeper in Kafka's znode layout.
+    zookeeper: str | None = None
+    #: Path prefix of Kafka's znodes in ZooKeeper, e.g. "/kafka" ("" is the root).
+    zookeeper_chroot: str = ""
 
     @property
     def node_base(self) -> int:
@@ -110,6 +119,28 @@ def load_settings(path: Path | None) -> ProxySettings:
             if value not in ("mute", "delay"):
                 raise SettingsError(f"proxy.throttle_mode = {value!r} must be \"mute\" or \"delay\"")
             settings.throttle_mode = value
+        elif key == "quota_admins":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(
+                    f"proxy.quota_admins = {value!r} must be a list of \"User:<name>\" strings")
+            for principal in value:
+                kind, sep, name = principal.partition(":")
+                if kind != "User" or not sep or not name:
+                    raise SettingsError(f"proxy.quota_admins entry {principal!r} is not \"User:<name>\"")
+            settings.quota_admins = list(value)
+        elif key == "quota_describe":
+            if value not in ("admins", "everyone"):
+                raise SettingsError(f"proxy.quota_describe = {value!r} must be \"admins\" or \"everyone\"")
+            settings.quota_describe = value
+        elif key == "zookeeper":
+            if not isinstance(value, str) or not value.strip():
+                raise SettingsError(f"proxy.zookeeper = {value!r} must be a connect string like \"zk1:2181\"")
+            settings.zookeeper = value.strip()
+        elif key == "zookeeper_chroot":
+            if not isinstance(value, str) or (value and (not value.startswith("/") or value.endswith("/"))):
+                raise SettingsError(
+                    f"proxy.zookeeper_chroot = {value!r} must be \"\" or a path like \"/kafka\"")
+            settings.zookeeper_chroot = value
         elif key in ("node_port_base", "metrics_port", "max_request_bytes", "quota_window_num",
                      "quota_window_size_seconds", "producer_id_quota_window_num",
                      "producer_id_quota_window_size_seconds", "metrics_max_entities"):

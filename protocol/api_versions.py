@@ -8,6 +8,7 @@ ships with. API keys it has no schema for are left out: a client then does not u
 from __future__ import annotations
 
 from .apis import KNOWN_APIS, ApiKey, ApiSpec
+from .client_quotas import QUOTA_ADMIN_APIS
 from .errors import MalformedBody
 from .headers import encode_response_header
 
@@ -44,9 +45,16 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
     except Exception as exc:
         raise MalformedBody(f"ApiVersions v{api_version} response does not parse: {exc}") from exc
     kept = []
+    missing_local = set(QUOTA_ADMIN_APIS) if message.error_code == 0 else set()
     for entry in message.api_keys:
         offered = offered_range(entry.api_key)
         if offered is None:
+            continue
+        if entry.api_key in missing_local:
+            # The proxy answers the quota admin APIs itself, whatever the brokers support.
+            entry.min_version, entry.max_version = offered
+            missing_local.discard(entry.api_key)
+            kept.append(entry)
             continue
         low = max(entry.min_version, offered[0])
         high = min(entry.max_version, offered[1])
@@ -54,8 +62,12 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
             continue
         entry.min_version, entry.max_version = low, high
         kept.append(entry)
-    dropped = len(message.api_keys) - len(kept)
+    original = {int(entry.api_key) for entry in message.api_keys}
+    for key in sorted(missing_local):
+        low, high = offered_range(key) or (0, 0)
+        kept.append(cls.ApiVersion(api_key=int(key), min_version=low, max_version=high))
     message.api_keys = kept
+    dropped = len(original - {int(entry.api_key) for entry in kept})
     return bytes(message.encode()), dropped  # decoded messages keep their version
 
 

@@ -21,6 +21,7 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateRespons
 from .addresses import Address, Advertise, needs_rewrite, rewrite_addresses
 from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions, unsupported_version_response
 from .apis import KNOWN_APIS, ApiKey, api_name
+from .client_quotas import QUOTA_ADMIN_APIS, QuotaAdminRequest, decode_quota_admin_request
 from .errors import MalformedBody, MalformedHeader, ProtocolError, UnsupportedVersion
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
@@ -43,7 +44,7 @@ from .throttling import (
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
 DECODED_APIS = frozenset({
     ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE, ApiKey.FETCH,
-    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, *QUOTA_ADMIN_APIS,
 })
 
 
@@ -140,7 +141,23 @@ class Throttled:
     throttle_ms: int
 
 
-Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled
+@dataclass(slots=True)
+class QuotaAdmin:
+    """A DescribeClientQuotas / AlterClientQuotas request the proxy answers itself.
+
+    The I/O layer checks `principal`, consults or changes the quota store, and hands the
+    response frame back with `ProxyConnection.answer_quota_admin`. Until then later requests on
+    this connection wait, as they would behind a request a broker is still processing.
+    """
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    request: QuotaAdminRequest
+    principal: str
+
+
+Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled | QuotaAdmin
 
 
 @dataclass(slots=True)
@@ -162,6 +179,8 @@ class InFlight:
     #: a Fetch response already charged when its first bytes arrived (it was over quota, so it
     #: is buffered to be emptied instead of streamed): its throttle
     precharged_ms: int | None = None
+    #: a quota admin request the I/O layer is still answering
+    awaiting_answer: bool = False
 
 
 def _size(n: int) -> bytes:
@@ -213,6 +232,12 @@ class ProxyConnection:
         self.principal: str = ANONYMOUS
         self.authenticated_mechanism: str | None = None
         self.client_id: str | None = None
+        #: requests read but not yet acted on: they arrived while the connection was muted or
+        #: behind a quota admin request still being answered (a broker reads none of them then)
+        self._deferred: list[bytes] = []
+        self._admin_pending: InFlight | None = None
+        #: muted until this time (caller's clock, ms): requests wait in `_deferred`
+        self._muted_until = 0.0
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -231,9 +256,65 @@ class ProxyConnection:
             return []
         self._now_ms = now_ms
         try:
-            return self._client_frames(self._requests.feed(data))
+            frames = self._requests.feed(data)
+            if self._deferred or self._waiting():
+                self._deferred += frames
+                return []
+            return self._client_frames(frames)
         except ProtocolError as exc:
             return self._close(f"client sent bad data: {exc}")
+
+    @property
+    def waiting_requests(self) -> bool:
+        """Whether requests read from the client are waiting for a mute or an admin answer."""
+        return bool(self._deferred)
+
+    def _waiting(self) -> bool:
+        return self._admin_pending is not None or self._now_ms < self._muted_until
+
+    def resume(self, now_ms: float) -> list[Action]:
+        """The mute has passed: act on the requests that waited (the I/O layer calls this)."""
+        if self._closed is not None:
+            return []
+        self._now_ms = max(now_ms, self._now_ms)
+        if self._admin_pending is not None or not self._deferred:
+            return []
+        if self._now_ms < self._muted_until:
+            # A timer that fired a little early: wait out the rest.
+            return [Mute(int(self._muted_until - self._now_ms) + 1)]
+        frames, self._deferred = self._deferred, []
+        try:
+            return self._client_frames(frames)
+        except ProtocolError as exc:
+            return self._close(f"client sent bad data: {exc}")
+
+    def _mute(self, ms: int, actions: list[Action]) -> None:
+        """Stop reading for `ms`; requests already read wait too, as in a muted broker socket."""
+        self._muted_until = max(self._muted_until, self._now_ms + ms)
+        actions.append(Mute(ms))
+
+    def answer_quota_admin(self, response: bytes, now_ms: float = 0.0) -> list[Action]:
+        """The answer to the pending `QuotaAdmin` request (header and body, no size prefix).
+
+        It goes out in its turn; the requests that waited behind it are then processed.
+        """
+        entry = self._admin_pending
+        if self._closed is not None or entry is None:
+            return []
+        self._now_ms = now_ms
+        self._admin_pending = None
+        entry.local_response = response
+        entry.awaiting_answer = False
+        actions: list[Action] = []
+        if not self._passthrough:
+            local = self._take_local_responses()
+            if local:
+                actions.append(ToClient(local))
+        if self.observer is not None:
+            self.observer(entry.api_key, entry.request_bytes, len(response), now_ms - entry.sent_ms)
+        if self._now_ms < self._muted_until:
+            return actions  # the mute's end resumes the waiting requests
+        return actions + self.resume(now_ms)
 
     def receive_from_broker(self, data: bytes, now_ms: float = 0.0) -> list[Action]:
         """Bytes from the broker, at `now_ms` on the caller's monotonic clock."""
@@ -325,11 +406,16 @@ class ProxyConnection:
     def _client_frames(self, frames: list[bytes]) -> list[Action]:
         upstream: list[bytes] = []
         actions: list[Action] = []
-        for frame in frames:
+        for index, frame in enumerate(frames):
             if self._raw_sasl is not None:
                 self._raw_sasl.client_token(frame)
                 upstream += (_size(len(frame)), frame)
                 continue
+            if self._now_ms < self._muted_until:
+                # Muted by the request before this one: the rest wait, unread as far as the
+                # quotas are concerned, just as a broker reads nothing from a muted connection.
+                self._deferred = frames[index:]
+                break
             header = parse_request_header(frame)
             if header.client_id is not None:
                 self.client_id = header.client_id
@@ -348,18 +434,27 @@ class ProxyConnection:
             expects_response = True
             entry.sent_ms = self._now_ms
             entry.request_bytes = len(frame)
-            hold = 0
+            if header.api_key in QUOTA_ADMIN_APIS:
+                # Answered by the proxy, not charged to quotas (no broker does the work).
+                request = decode_quota_admin_request(frame, header)
+                if upstream:
+                    actions.append(ToBroker(upstream))
+                entry.awaiting_answer = True
+                self._in_flight.append(entry)
+                self._admin_pending = entry
+                self._deferred = frames[index + 1:]
+                actions.append(QuotaAdmin(header.correlation_id, header.api_key, header.api_version,
+                                          request, self.principal))
+                return actions
             if self.policy is not None and header.api_key not in REQUEST_QUOTA_EXEMPT:
                 hold = self.policy.hold_ms(self.principal, header.client_id or "", header.api_key,
                                            int(self._now_ms))
                 if hold > 0:
-                    # The bucket is throttled (maybe on another connection): this request waits
-                    # as it would in a muted broker socket, and the client is not read meanwhile.
-                    if upstream:
-                        actions.append(ToBroker(upstream))
-                        upstream = []
-                    entry.sent_ms += hold
-                    actions.append(Mute(hold))
+                    # The bucket is throttled (maybe on another connection): this request and
+                    # those after it wait, and are charged only when they go on.
+                    self._deferred = frames[index:]
+                    self._mute(hold, actions)
+                    break
             if header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
                 if self.policy is not None:
@@ -377,9 +472,6 @@ class ProxyConnection:
                 self._sasl.client_token(bytes(self._decode_request(frame, header).auth_bytes))
             if expects_response:
                 self._in_flight.append(entry)
-            if hold > 0:
-                actions.append(ToBroker([_size(len(frame)), frame], delay_ms=hold))
-                continue
             upstream += (_size(len(frame)), frame)
         if upstream:
             actions.append(ToBroker(upstream))
@@ -401,7 +493,8 @@ class ProxyConnection:
                                      produce_bytes=len(frame), producer_ids=producer_ids)
         if verdict.throttle_ms > 0:
             entry.throttle_ms = verdict.throttle_ms
-            actions += (Throttled(ApiKey.PRODUCE, verdict.throttle_ms), Mute(verdict.throttle_ms))
+            actions.append(Throttled(ApiKey.PRODUCE, verdict.throttle_ms))
+            self._mute(verdict.throttle_ms, actions)
 
     def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
         cls = {ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest,
@@ -462,7 +555,7 @@ class ProxyConnection:
                     actions.append(ToClient(downstream + held))
                     downstream = []
                 if mute_ms > 0:
-                    actions.append(Mute(mute_ms))
+                    self._mute(mute_ms, actions)
                 continue
             downstream += (_size(len(frame)), frame)
             downstream += self._take_local_responses()
@@ -558,5 +651,5 @@ class ProxyConnection:
 
 __all__ = [
     "Action", "Authenticated", "BrokersSeen", "Close", "InFlight", "Mute",
-    "ProxyConnection", "QuotaPolicy", "Throttled", "ToBroker", "ToClient", "produce_acks",
+    "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient", "produce_acks",
 ]

@@ -18,6 +18,10 @@ import uvloop
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
 
 if TYPE_CHECKING:
+    from config.store import FileQuotaStore
+    from quotas.engine import QuotaTable
+
+    from .quota_admin import QuotaStore
     from .server import ProxyServer
 
 log = logging.getLogger("kthrottle")
@@ -38,18 +42,59 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
     return settings
 
 
-def _load_quotas(server: ProxyServer, path: Path) -> bool:
-    """Apply the quota file; an invalid one is refused whole and the last good quotas stay."""
-    from config.quotas import QuotaConfigError, load_quota_file
+#: How often the quota file and its admin file are checked for changes.
+QUOTA_FILE_POLL_SECONDS = 0.5
 
-    try:
-        table = load_quota_file(path)
-    except QuotaConfigError as exc:
-        log.error("quota file refused, keeping the last good quotas: %s", exc)
-        return False
+
+async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> QuotaStore | None:
+    """ZooKeeper when configured, else the quota file (and its admin file), else none."""
+    from config.quotas import QuotaConfigError, load_quota_file
+    from config.store import FileQuotaStore
+
+    loop = asyncio.get_running_loop()
+    if settings.zookeeper:
+        from config.zookeeper import ZooKeeperQuotaError, ZooKeeperQuotas
+
+        if settings.quota_file is not None:
+            try:
+                in_file = load_quota_file(settings.quota_file)
+            except QuotaConfigError as exc:
+                raise SettingsError(str(exc)) from exc
+            if in_file:
+                raise SettingsError(
+                    f"{settings.quota_file} has [[quota]] tables, but proxy.zookeeper is set, so quotas live "
+                    "in ZooKeeper: set them there (kafka-configs or kthrottle quotas) and remove the tables")
+
+        def from_zookeeper(table: QuotaTable) -> None:  # called on kazoo's thread
+            loop.call_soon_threadsafe(_apply_from_zookeeper, server, table)
+
+        zk = ZooKeeperQuotas(settings.zookeeper, settings.zookeeper_chroot, on_change=from_zookeeper)
+        try:
+            await loop.run_in_executor(None, zk.start)
+        except ZooKeeperQuotaError as exc:
+            raise SettingsError(str(exc)) from exc
+        log.info("quotas live in ZooKeeper %s%s", settings.zookeeper, settings.zookeeper_chroot)
+        return zk
+    if settings.quota_file is not None:
+        store = FileQuotaStore(settings.quota_file, on_change=server.engine.set_quotas)
+        try:
+            store.start()
+        except QuotaConfigError as exc:
+            raise SettingsError(f"invalid quotas: {exc}") from exc
+        return store
+    return None
+
+
+def _apply_from_zookeeper(server: ProxyServer, table: QuotaTable) -> None:
     server.engine.set_quotas(table)
-    log.info("quotas from %s: %d entit%s", path, len(table), "y" if len(table) == 1 else "ies")
-    return True
+    log.info("quotas from ZooKeeper: %d entit%s", len(table), "y" if len(table) == 1 else "ies")
+
+
+async def _watch_quota_files(store: FileQuotaStore) -> None:
+    """Apply edits to the quota file without a signal (SIGHUP still forces a reload)."""
+    while True:
+        await asyncio.sleep(QUOTA_FILE_POLL_SECONDS)
+        store.poll()
 
 
 async def _expire_idle_buckets(server: ProxyServer) -> None:
@@ -61,11 +106,13 @@ async def _expire_idle_buckets(server: ProxyServer) -> None:
 
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
     """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file."""
+    from config.store import FileQuotaStore
+
     from .server import ProxyServer
 
     server = ProxyServer(settings)
-    if settings.quota_file is not None and not _load_quotas(server, settings.quota_file):
-        raise SettingsError(f"the quota file {settings.quota_file} is invalid (see the log)")
+    store = await _open_quota_store(settings, server)
+    server.quota_admin.store = store
     if settings.metrics_port:
         from prometheus_client import start_http_server
 
@@ -88,12 +135,16 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if settings.quota_file is not None:
-        quota_file = settings.quota_file
-        loop.add_signal_handler(signal.SIGHUP, lambda: _load_quotas(server, quota_file))
-    expiry = loop.create_task(_expire_idle_buckets(server))
+    tasks = [loop.create_task(_expire_idle_buckets(server))]
+    if isinstance(store, FileQuotaStore):
+        file_store = store
+        loop.add_signal_handler(signal.SIGHUP, file_store.reload)
+        tasks.append(loop.create_task(_watch_quota_files(file_store)))
     await stop.wait()
-    expiry.cancel()
+    for task in tasks:
+        task.cancel()
+    if store is not None:
+        await loop.run_in_executor(None, store.stop)
     if demo_producer is not None:
         await asyncio.get_running_loop().run_in_executor(None, demo_producer.stop)
     await server.close()

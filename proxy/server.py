@@ -22,6 +22,7 @@ from protocol.connection import (
     Close,
     Mute,
     ProxyConnection,
+    QuotaAdmin,
     Throttled,
     ToBroker,
     ToClient,
@@ -31,6 +32,7 @@ from quotas.rate import WindowConfig
 
 from .discovery import discover_brokers
 from .metrics import ProxyMetrics
+from .quota_admin import QuotaAdminService
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -223,11 +225,30 @@ class ClientSession(asyncio.Protocol):
             self._unmute = None
             self.server.metrics.muted.dec()
         self._to_client.close()
-        self._to_broker.close()
         self._closing = True
         self._client_gone = True
+        if self.conn.waiting_requests and self.upstream is not None:
+            # Requests read while muted still go on once the mute has passed, as a broker reads
+            # what a closed connection sent before it: an acks=0 Produce has no other chance.
+            self._drain_after_client_left()
+            return
+        self._to_broker.close()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
+
+    def _drain_after_client_left(self) -> None:
+        upstream = self.upstream
+        if upstream is None or upstream.transport is None or upstream.transport.is_closing():
+            return
+        actions = self.conn.resume(now_ms())
+        for action in actions:
+            if isinstance(action, ToBroker):
+                self._to_broker.write(action.chunks, action.delay_ms)
+        wait = max((a.ms for a in actions if isinstance(a, Mute)), default=0)
+        if self.conn.waiting_requests and wait > 0:
+            asyncio.get_running_loop().call_later(wait / 1000.0, self._drain_after_client_left)
+            return
+        upstream.transport.close()  # after the writes above: close() flushes the write buffer
 
     def pause_writing(self) -> None:
         if self.upstream is not None and self.upstream.transport is not None:
@@ -290,7 +311,10 @@ class ClientSession(asyncio.Protocol):
     def _end_mute(self) -> None:
         self._unmute = None
         self.server.metrics.muted.dec()
+        self._muted_until = 0.0
         self._unblock("throttle")
+        # Requests read before the mute began now go on (or re-arm the mute if it fired early).
+        self._feed(lambda _data, now: self.conn.resume(now), b"", "client")
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -312,8 +336,26 @@ class ClientSession(asyncio.Protocol):
             elif isinstance(action, Authenticated):
                 log.info("%s from %s authenticated as principal %r (%s)",
                          self.conn.name, self._peer, action.principal, action.mechanism)
+            elif isinstance(action, QuotaAdmin):
+                # Later requests wait inside the connection; stop reading meanwhile (bounded memory).
+                self._block("quota-admin")
+                task = asyncio.get_running_loop().create_task(self._answer_quota_admin(action))
+                self.server.background.add(task)
+                task.add_done_callback(self.server.background.discard)
             elif isinstance(action, Close):
                 self.close(action.reason)
+
+    async def _answer_quota_admin(self, request: QuotaAdmin) -> None:
+        try:
+            response = await self.server.quota_admin.answer(request)
+        except Exception as exc:  # a bug must cost one connection, never the proxy
+            log.exception("%s: answering %s failed", self.conn.name, api_name(request.api_key))
+            self.close(f"internal error answering {api_name(request.api_key)}: {exc!r}")
+            return
+        if self._closing:
+            return
+        self._execute(self.conn.answer_quota_admin(response, now_ms()))
+        self._unblock("quota-admin")
 
     def close(self, reason: str) -> None:
         if self._closing:
@@ -341,6 +383,10 @@ class ProxyServer:
                                     settings.producer_id_quota_window_size_seconds * 1000),
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
+        #: answers the admin quota APIs; `run` gives it the quota store
+        self.quota_admin = QuotaAdminService(settings, None, lambda: self.engine.table,
+                                             self.engine.set_quotas)
+        self.background: set[asyncio.Task[None]] = set()
         self.directory = BrokerDirectory()
         self.sessions: set[ClientSession] = set()
         self._listeners: dict[int | None, socket.socket] = {}

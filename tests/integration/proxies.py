@@ -7,6 +7,7 @@ check what it saw (principals, close reasons).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,8 +30,12 @@ def _port_free(port: int) -> bool:
 
 
 def free_port_block(size: int, start: int = 21000, stop: int = 60000) -> int:
-    """A port P with P .. P+size-1 all free (the proxy maps node N to P + 1 + N)."""
-    for base in range(start, stop, size + 3):
+    """A port P with P .. P+size-1 all free (the proxy maps node N to P + 1 + N).
+
+    The search starts at a random place, so test runs side by side rarely race for one port.
+    """
+    first = start + random.randrange(0, (stop - start) // 2)
+    for base in [*range(first, stop, size + 3), *range(start, first, size + 3)]:
         if all(_port_free(base + i) for i in range(size)):
             return base
     raise RuntimeError(f"no block of {size} free ports between {start} and {stop}")

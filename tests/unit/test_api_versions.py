@@ -42,7 +42,20 @@ def expected_ranges() -> list[tuple[int, int, int]]:
         (ApiKey.METADATA, 0, 7),
         (ApiKey.API_VERSIONS, 0, 3),
         (ApiKey.SASL_HANDSHAKE, 0, 1),
+        # answered by the proxy itself, so offered even by brokers that lack them
+        (ApiKey.DESCRIBE_CLIENT_QUOTAS, *proxy_range(ApiKey.DESCRIBE_CLIENT_QUOTAS)),
+        (ApiKey.ALTER_CLIENT_QUOTAS, *proxy_range(ApiKey.ALTER_CLIENT_QUOTAS)),
     ]
+
+
+def test_quota_admin_apis_offered_with_the_proxy_range_not_the_brokers() -> None:
+    raw = body(ApiVersionsResponse, 3, error_code=0, throttle_time_ms=0, api_keys=entries(
+        [(ApiKey.METADATA, 0, 7), (ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 0), (ApiKey.ALTER_CLIENT_QUOTAS, 0, 9)]))
+    clamped, dropped = clamp_api_versions(raw, 3)
+    assert dropped == 0
+    decoded = ApiVersionsResponse.decode(clamped, version=3)
+    assert [(e.api_key, e.min_version, e.max_version) for e in decoded.api_keys] == [
+        (ApiKey.METADATA, 0, 7), (ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 1), (ApiKey.ALTER_CLIENT_QUOTAS, 0, 1)]
 
 
 def test_proxy_ranges_used_by_these_tests() -> None:
@@ -86,7 +99,8 @@ def test_clamp_flexible_keeps_feature_tagged_fields(version: int) -> None:
 
 def test_clamp_nothing_to_drop() -> None:
     raw = body(ApiVersionsResponse, 3, error_code=0, throttle_time_ms=0,
-               api_keys=entries([(ApiKey.METADATA, 0, 7), (ApiKey.FIND_COORDINATOR, 0, 2)]))
+               api_keys=entries([(ApiKey.METADATA, 0, 7), (ApiKey.FIND_COORDINATOR, 0, 2),
+                                 (ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 1), (ApiKey.ALTER_CLIENT_QUOTAS, 0, 1)]))
     clamped, dropped = clamp_api_versions(raw, 3)
     assert dropped == 0
     assert clamped == raw

@@ -738,20 +738,53 @@ def client_writes(actions: list[Action]) -> list[tuple[int, list[int]]]:
             for a in of_type(actions, ToClient)]
 
 
+def request_ids(actions: list[Action]) -> list[int]:
+    """Correlation ids of the requests forwarded to the broker, in order."""
+    return [parse_request_header(f).correlation_id for f in FrameSplitter(2**31 - 1).feed(to_broker(actions))]
+
+
 def test_delay_mode_holds_the_throttled_response_and_what_follows() -> None:
     engine = engine_with({ANON: {P: 10}})
     conn = proxy(engine, mode="delay")
     req = acks_request(2, acks=1)
     up = conn.receive_from_client(framed(heartbeat_request(1), req, heartbeat_request(3)), now_ms=0)
-    down = conn.receive_from_broker(
-        framed(heartbeat_response(1), ok_produce_response(2), heartbeat_response(3)), now_ms=4)
+    # the request after the throttled Produce waits unread until the mute passes
+    assert request_ids(up) == [1, 2]
+    down = conn.receive_from_broker(framed(heartbeat_response(1), ok_produce_response(2)), now_ms=4)
     expected = kafka_throttle(len(req) / 10, 10)
-    # the earlier answer goes at once, the throttled one after its throttle, the later one behind it
-    assert client_writes(down) == [(0, [1]), (expected, [2]), (0, [3])]
+    # the earlier answer goes at once, the throttled one after its throttle
+    assert client_writes(down) == [(0, [1]), (expected, [2])]
     held = next(a for a in of_type(down, ToClient) if a.delay_ms)
     (produce_answer,) = FrameSplitter(2**31 - 1).feed(b"".join(held.chunks))
     assert decode_response(ProduceResponse, produce_answer, 9).throttle_time_ms == expected
     assert throttles(up + down) == ([expected], [expected])
+    resumed = conn.resume(now_ms=expected + 1)
+    assert request_ids(resumed) == [3]
+    assert client_writes(conn.receive_from_broker(frame(heartbeat_response(3)), now_ms=expected + 2)) == [
+        (0, [3])]
+
+
+def test_requests_behind_a_throttled_produce_wait_and_are_charged_when_they_go_on() -> None:
+    """A broker reads nothing from a muted connection: pipelined Produce requests behind a
+    throttled one are neither forwarded nor charged until the mute has passed."""
+    engine = engine_with({ANON: {P: 10}})
+    conn = proxy(engine)
+    first, second, third = (acks_request(cid, acks=1) for cid in (1, 2, 3))
+    up = conn.receive_from_client(framed(first, second, third), now_ms=0)
+    assert to_broker(up) == frame(first)
+    (mute,) = of_type(up, Mute)
+    assert mute.ms == kafka_throttle(len(first) / 10, 10)
+    assert conn.in_flight == 1
+    # more bytes while muted wait behind them
+    assert conn.receive_from_client(frame(acks_request(4, acks=1)), now_ms=5) == []
+    # a timer firing early only re-arms the mute
+    (early,) = conn.resume(now_ms=mute.ms - 3)
+    assert isinstance(early, Mute) and 3 <= early.ms <= 4
+    resumed = conn.resume(now_ms=mute.ms)
+    assert request_ids(resumed) == [2]
+    (again,) = of_type(resumed, Mute)
+    assert again.ms > 0  # charged now, and still over the quota: the next wait
+    assert conn.resume(now_ms=mute.ms + again.ms + 1) != []
 
 
 def test_delay_mode_fetch_is_held_and_emptied() -> None:
