@@ -257,9 +257,16 @@ class ProxyConnection:
         self._now_ms = now_ms
         try:
             frames = self._requests.feed(data)
-            if self._deferred or self._waiting():
-                self._deferred += frames
+            if self._deferred:
+                frames, self._deferred = self._deferred + frames, []
+            if self._admin_pending is not None:
+                self._deferred = frames
                 return []
+            if self._now_ms < self._muted_until:
+                # Read just as the I/O layer's mute timer ended (timers may fire a little early):
+                # these wait too, and the mute is re-armed for the rest.
+                self._deferred = frames
+                return [Mute(int(self._muted_until - self._now_ms) + 1)] if frames else []
             return self._client_frames(frames)
         except ProtocolError as exc:
             return self._close(f"client sent bad data: {exc}")
@@ -268,9 +275,6 @@ class ProxyConnection:
     def waiting_requests(self) -> bool:
         """Whether requests read from the client are waiting for a mute or an admin answer."""
         return bool(self._deferred)
-
-    def _waiting(self) -> bool:
-        return self._admin_pending is not None or self._now_ms < self._muted_until
 
     def resume(self, now_ms: float) -> list[Action]:
         """The mute has passed: act on the requests that waited (the I/O layer calls this)."""
