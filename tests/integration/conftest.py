@@ -1,7 +1,7 @@
 """Fixtures for tests against a real Kafka cluster started by the project's own harness.
 
-Why a session fixture: a 3-node KRaft cluster takes seconds to start, so every integration test shares one.
-It never skips: if Kafka cannot start, every test that needs it errors with the reason and the logs' tails.
+The session's `kafka_cluster` itself lives in the repository's root conftest.py, so that spark_tests/ shares
+the same cluster. It never skips: if Kafka cannot start, every test that needs it errors with the reason.
 """
 
 from __future__ import annotations
@@ -61,20 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _HERE in item.path.resolve().parents:
             item.add_marker(pytest.mark.integration)
-
-
-@pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[LocalKafka]:
-    """One 3-node cluster with SASL for the whole session; a start failure errors loudly, never skips."""
-    cluster = LocalKafka(brokers=3, sasl=True)
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        pytest.fail(f"the local Kafka cluster did not start: {exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 class KafkaJava:

@@ -1,0 +1,27 @@
+"""Session fixtures shared by every test directory (tests/integration and spark_tests).
+
+Why here: pytest shows a conftest's fixtures only to tests below it, and both suites must share one
+real Kafka cluster: a 3-node KRaft cluster takes seconds to start, so a session starts it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.local_kafka import LocalKafka
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalKafka]:
+    """One 3-node cluster with SASL for the whole session; a start failure errors loudly, never skips."""
+    cluster = LocalKafka(brokers=3, sasl=True)
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        pytest.fail(f"the local Kafka cluster did not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
