@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit integration acceptance bench lint typecheck kafka tools clean
+.PHONY: run test unit integration acceptance bench lint typecheck kafka spark tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(STAMP): pyproject.toml
 # Fetch Apache Kafka's jars from Maven Central once (cached in ~/.cache/kthrottle).
 kafka: $(STAMP)
 	$(PY) -c 'from proxy.local_kafka import ensure_kafka_jars; print(ensure_kafka_jars())'
+
+# Fetch Spark's Kafka connector jars once (cached in ~/.cache/kthrottle/spark-<version>); spark_tests
+# fetch them on first use too.
+spark: $(STAMP)
+	$(PY) -m spark_tests.jars
 
 # The proxy; with no upstream configured it starts an embedded 3-broker Kafka cluster behind it.
 # The example quotas (deploy/quotas.toml), metrics on :9300 and a throttled demo producer;
@@ -43,7 +48,7 @@ integration: $(STAMP) kafka tools
 
 # Every test: lint, types, unit and integration tests against a real local cluster.
 test: $(STAMP) kafka tools lint typecheck
-	$(VENV)/bin/pytest -q -ra tests/unit tests/integration
+	$(VENV)/bin/pytest -q -ra tests/unit tests/integration spark_tests
 
 # Issue 3's rate-accuracy runs (30 s each at full speed); they do not all pass yet: see README.
 acceptance: $(STAMP) kafka
