@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import sys
 import time
@@ -191,6 +192,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quotas(args: argparse.Namespace) -> int:
+    from .quota_client import run_command
+
+    return run_command(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kthrottle", description="Kafka-protocol throttling proxy")
     parser.add_argument("--log-level", default="INFO")
@@ -213,6 +220,33 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--brokers", type=int, default=3)
     local.add_argument("--sasl", action="store_true", help="add a SASL_PLAINTEXT listener with users")
     local.set_defaults(func=None)
+
+    quotas = sub.add_parser("quotas",
+                            help="describe, set or delete quotas through a running proxy's admin API")
+    quotas.add_argument("--bootstrap-server", required=True, help="the proxy's address, H:P")
+    quotas.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+                        help="authenticate (SASL_PLAINTEXT) as --sasl-username")
+    quotas.add_argument("--sasl-username")
+    quotas.add_argument("--sasl-password", default=os.environ.get("KTHROTTLE_SASL_PASSWORD"),
+                        help="(default: $KTHROTTLE_SASL_PASSWORD)")
+    actions = quotas.add_subparsers(dest="action", required=True)
+    for name, text in (("describe", "show quotas (all, or those of the entity given)"),
+                       ("set", "set KEY=VALUE quotas on an entity"),
+                       ("delete", "remove quota keys from an entity (all of them when none are named)")):
+        action = actions.add_parser(name, help=text)
+        user = action.add_mutually_exclusive_group()
+        user.add_argument("--user", help="a user principal name")
+        user.add_argument("--default-user", action="store_true", help="the <default> user")
+        client = action.add_mutually_exclusive_group()
+        client.add_argument("--client-id")
+        client.add_argument("--default-client-id", action="store_true", help="the <default> client-id")
+        if name == "set":
+            action.add_argument("quotas", nargs="+", metavar="KEY=VALUE",
+                                help="e.g. producer_byte_rate=1048576 request_percentage=50")
+            action.add_argument("--validate-only", action="store_true")
+        elif name == "delete":
+            action.add_argument("keys", nargs="*", metavar="KEY")
+    quotas.set_defaults(func=_cmd_quotas)
 
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),

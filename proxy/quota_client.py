@@ -96,3 +96,90 @@ def alter(
 
 
 __all__ = ["alter", "describe"]
+
+
+# -- `kthrottle quotas` ---------------------------------------------------------------------------
+
+
+def _entity_from_args(args: Any) -> Entity:
+    entity: Entity = {}
+    if args.default_user:
+        entity["user"] = None
+    elif args.user is not None:
+        entity["user"] = args.user
+    if args.default_client_id:
+        entity["client-id"] = None
+    elif args.client_id is not None:
+        entity["client-id"] = args.client_id
+    return entity
+
+
+def _connection_config(args: Any) -> dict[str, Any]:
+    if not args.sasl_mechanism:
+        return {}
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": args.sasl_mechanism,
+            "sasl_plain_username": args.sasl_username, "sasl_plain_password": args.sasl_password}
+
+
+def _selector(entity: Entity) -> dict[str, str | None]:
+    return {("user" if kind == "user" else "client_id"): name for kind, name in entity.items()}
+
+
+def format_entity(entity: Entity) -> str:
+    return ", ".join(f"{kind}={'<default>' if name is None else name}" for kind, name in entity.items())
+
+
+def run_command(args: Any) -> int:
+    """`kthrottle quotas describe|set|delete`; prints what happened, returns the exit code."""
+    import sys
+
+    config = _connection_config(args)
+    entity = _entity_from_args(args)
+    try:
+        if args.action == "describe":
+            found = describe(args.bootstrap_server, **_selector(entity), **config)
+            for described, values in found:
+                quotas = ", ".join(f"{key}={value:g}" for key, value in sorted(values.items()))
+                print(f"{format_entity(described)}: {quotas}")
+            if not found:
+                print("no quotas match")
+            return 0
+        if not entity:
+            print("kthrottle quotas: name an entity: --user/--default-user and/or "
+                  "--client-id/--default-client-id", file=sys.stderr)
+            return 2
+        ops: list[Op] = []
+        if args.action == "set":
+            for item in args.quotas:
+                key, sep, value = item.partition("=")
+                try:
+                    number = float(value)
+                except ValueError:
+                    number = float("nan")
+                if not sep or number != number:
+                    print(f"kthrottle quotas: {item!r} is not KEY=NUMBER", file=sys.stderr)
+                    return 2
+                ops.append((key, number, False))
+        else:
+            keys = list(args.keys)
+            if not keys:  # every quota the entity has
+                found = describe(args.bootstrap_server, strict=True, **_selector(entity), **config)
+                keys = sorted({key for _, values in found for key in values})
+            ops = [(key, 0.0, True) for key in keys]
+            if not ops:
+                print(f"{format_entity(entity)}: no quotas to delete")
+                return 0
+        ((code, message),) = alter(args.bootstrap_server, [(entity, ops)],
+                                   validate_only=getattr(args, "validate_only", False), **config)
+    except PermissionError as exc:
+        print(f"kthrottle quotas: not allowed: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        print(f"kthrottle quotas: {exc}", file=sys.stderr)
+        return 1
+    if code != 0:
+        print(f"kthrottle quotas: refused (error {code}): {message}", file=sys.stderr)
+        return 1
+    done = "validated" if getattr(args, "validate_only", False) else "done"
+    print(f"{format_entity(entity)}: {args.action} {', '.join(op[0] for op in ops)}: {done}")
+    return 0

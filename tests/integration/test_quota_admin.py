@@ -4,6 +4,8 @@ throttling a producer that is already running, without reconnecting."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -455,3 +457,84 @@ def test_editing_the_quota_file_throttles_a_running_producer(admin_proxy: QuotaP
         )
 
     _throttles_running_producer(admin_proxy, "live-file", edit, quota)
+
+
+# -- `kthrottle quotas` ----------------------------------------------------------------------------
+
+
+def _kthrottle_quotas(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", bootstrap, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_kthrottle_quotas_command(admin_proxy: QuotaProxy) -> None:
+    bootstrap = admin_proxy.bootstrap
+    done = _kthrottle_quotas(
+        bootstrap,
+        "set",
+        "--user",
+        "cli-u",
+        "--client-id",
+        "cli-c",
+        "producer_byte_rate=2048",
+        "request_percentage=12.5",
+    )
+    assert done.returncode == 0, done.stderr
+    assert describe(bootstrap, user="cli-u", client_id="cli-c") == [
+        ({"user": "cli-u", "client-id": "cli-c"}, {"producer_byte_rate": 2048.0, "request_percentage": 12.5})
+    ]
+    done = _kthrottle_quotas(bootstrap, "describe", "--user", "cli-u", "--client-id", "cli-c")
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout.strip() == "user=cli-u, client-id=cli-c: producer_byte_rate=2048, request_percentage=12.5"
+    )
+    refused = _kthrottle_quotas(bootstrap, "set", "--default-client-id", "consumer_byte_rate=1.5")
+    assert refused.returncode == 1
+    assert "error 42" in refused.stderr and "whole number" in refused.stderr, refused.stderr
+    done = _kthrottle_quotas(
+        bootstrap, "delete", "--user", "cli-u", "--client-id", "cli-c", "request_percentage"
+    )
+    assert done.returncode == 0, done.stderr
+    assert describe(bootstrap, user="cli-u", client_id="cli-c") == [
+        ({"user": "cli-u", "client-id": "cli-c"}, {"producer_byte_rate": 2048.0})
+    ]
+    done = _kthrottle_quotas(bootstrap, "delete", "--user", "cli-u", "--client-id", "cli-c")
+    assert done.returncode == 0, done.stderr
+    assert describe(bootstrap, user="cli-u", client_id="cli-c") == []
+
+
+def test_kthrottle_quotas_refused_for_a_non_admin(sasl_admin_proxy: QuotaProxy) -> None:
+    done = _kthrottle_quotas(
+        sasl_admin_proxy.bootstrap,
+        "--sasl-mechanism",
+        "PLAIN",
+        "--sasl-username",
+        "bob",
+        "--sasl-password",
+        SASL_USERS["bob"],
+        "set",
+        "--user",
+        "bob",
+        "producer_byte_rate=1",
+    )
+    assert done.returncode == 1
+    assert "User:bob" in done.stderr and "error 31" in done.stderr, done.stderr
+    done = _kthrottle_quotas(
+        sasl_admin_proxy.bootstrap,
+        "--sasl-mechanism",
+        "PLAIN",
+        "--sasl-username",
+        "admin",
+        "--sasl-password",
+        SASL_USERS["admin"],
+        "describe",
+        "--user",
+        "bob",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no quotas match"
