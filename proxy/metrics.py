@@ -77,7 +77,8 @@ class QuotaCollector(Collector):
                     continue
                 values = [quota_type.value, key.user, key.client_id]
                 rates[quota_type].add_metric(values, rate)
-                limit.add_metric(values, bucket.bound)
+                if bucket.applies:
+                    limit.add_metric(values, bucket.bound)
                 throttle_avg.add_metric(values, avg)
                 throttle_max.add_metric(values, peak)
                 throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)

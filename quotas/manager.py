@@ -28,8 +28,12 @@ class Bucket:
     rate: WindowedRate
     #: throttle times this bucket caused: Kafka's `throttle-time` sensor (avg and max)
     throttle: WindowedRate
-    #: the bound in force at the last recording
+    #: the bound in force (updated at once when the quotas change)
     bound: float = 0.0
+    #: a (user, client-id) charged to this bucket, to re-resolve it when the quotas change
+    member: tuple[str, str] | None = None
+    #: whether a configured quota still leads to this bucket
+    applies: bool = True
     throttle_total_ms: int = 0
     throttle_count: int = 0
     #: end of the latest throttle this bucket caused: until then, every connection charging
@@ -69,6 +73,13 @@ class ClientQuotaManager:
         """Replace the configured entities; buckets whose key still applies keep their history."""
         self.quotas = dict(quotas)
         self._resolved = {}
+        # Kafka updates the quota of existing sensors at once. A bucket whose key no longer
+        # applies keeps its history (the key may come back) until it idles out, but has no bound.
+        for key, bucket in self.buckets.items():
+            found = self.resolve(*bucket.member) if bucket.member is not None else None
+            bucket.applies = found is not None and found[0] == key
+            if found is not None and bucket.applies:
+                bucket.bound = found[1]
 
     def resolve(self, user: str, client_id: str) -> tuple[BucketKey, float] | None:
         if not self.quotas:
@@ -98,6 +109,8 @@ class ClientQuotaManager:
         key, bound = found
         bucket = self._bucket(key)
         bucket.bound = bound
+        bucket.applies = True
+        bucket.member = (user, client_id)
         bucket.rate.record(value, now_ms)
         observed, window_ms = bucket.rate.measure_with_window(now_ms)
         if observed <= bound:

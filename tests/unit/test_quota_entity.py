@@ -197,3 +197,16 @@ def test_key_change_starts_from_zero() -> None:
     third = manager.record(USER, CLIENT, 1, 0)
     assert third.bucket == BucketKey(USER, "")
     assert third.throttle_ms == 8002  # 9001 B over 10 s against 500 B/s
+
+
+def test_a_changed_bound_is_in_force_and_visible_at_once() -> None:
+    """Kafka updates existing sensors' quotas when a quota changes; metrics read `bound`."""
+    manager = ClientQuotaManager(QuotaType.PRODUCE)
+    manager.set_quotas({QuotaEntity(USER, None): 1000})
+    manager.record(USER, CLIENT, 100, 0)
+    (bucket,) = manager.buckets.values()
+    manager.set_quotas({QuotaEntity(USER, None): 250})
+    assert (bucket.bound, bucket.applies) == (250, True)
+    manager.set_quotas({QuotaEntity(None, CLIENT): 250})  # another key now: the old bucket has no bound
+    assert bucket.applies is False
+    assert manager.record(USER, CLIENT, 1, 0).bucket == BucketKey("", CLIENT)
