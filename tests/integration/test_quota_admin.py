@@ -538,3 +538,17 @@ def test_kthrottle_quotas_refused_for_a_non_admin(sasl_admin_proxy: QuotaProxy) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no quotas match"
+
+
+def test_describe_can_be_opened_to_everyone_while_alter_stays_closed(
+    kafka_cluster: LocalKafka, tmp_path: Path
+) -> None:
+    proxy = QuotaProxy(kafka_cluster.bootstrap, tmp_path, 'quota_describe = "everyone"')
+    try:
+        proxy.set_quotas('[[quota]]\nclient_id = "seen"\nproducer_byte_rate = 4096')
+        assert describe(proxy.bootstrap) == [({"client-id": "seen"}, {"producer_byte_rate": 4096.0})]
+        ((code, _),) = alter(proxy.bootstrap, [({"client-id": "seen"}, [("producer_byte_rate", 1.0, True)])])
+        assert code == CLUSTER_AUTHORIZATION_FAILED
+        assert describe(proxy.bootstrap) == [({"client-id": "seen"}, {"producer_byte_rate": 4096.0})]
+    finally:
+        proxy.stop()
