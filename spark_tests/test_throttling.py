@@ -168,7 +168,8 @@ def test_producer_byte_rate_holds_spark_writer(spark: SparkSession, spark_proxy:
     source = create_topic(spark_proxy.bootstrap, "spark-write-src", PARTITIONS)
     target = create_topic(spark_proxy.bootstrap, "spark-write-dst", PARTITIONS,
                           **{"message.timestamp.type": "LogAppendTime"})
-    stored = produce(spark_proxy.bootstrap, source, _bulk(1000, headers=True))
+    # ~20 s at the quota: long enough that the sawtooth of 1-s samples averages out
+    stored = produce(spark_proxy.bootstrap, source, _bulk(2000, headers=True))
     spark_proxy.set_quotas(f'[[quota]]\nclient_id = "{client}"\nproducer_byte_rate = {quota}')
     query = (spark.readStream.format("kafka")
              .options(**kafka_options(spark_proxy.bootstrap, "spark-writer-source", subscribe=source,

@@ -368,6 +368,8 @@ class RunningProducer:
             except BufferError:
                 self._producer.poll(0.05)
             self._producer.poll(0)
+        # What is still queued would take minutes at the quota: drop it (only deliveries count).
+        self._producer.purge(in_queue=True, in_flight=False)
         self._producer.flush(30)
 
     def rate(self, start: float, end: float) -> float:
@@ -376,6 +378,7 @@ class RunningProducer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(60)
+        del self._producer  # librdkafka's instance goes now, not when a later test has stopped the proxy
 
 
 def _topic(bootstrap: str) -> str:
