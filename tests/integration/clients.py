@@ -174,3 +174,37 @@ async def aiokafka_round_trip(bootstrap: str, topic: str, count: int, proxy_port
     finally:
         await consumer.stop()
     return consumed
+
+
+def _own_view_has_leaders(host: str, port: int, topic: str, partitions: int) -> bool:
+    """Ask exactly this address (a broker, or the proxy port of one broker) for the topic's metadata."""
+    import socket
+    import struct
+
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    from protocol.frames import frame
+    from protocol.headers import encode_request_header
+
+    v12 = MetadataRequest[12]
+    request = v12(topics=[v12.MetadataRequestTopic(topic_id=None, name=topic)],
+                  allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(frame(encode_request_header(3, 12, 1, "topic-check") + bytes(request.encode())))
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        body = sock.recv(size, socket.MSG_WAITALL)
+    response = MetadataResponse.decode(body[5:], version=12)  # correlation id + header tags
+    (found,) = [t for t in response.topics if t.name == topic]
+    return found.error_code == 0 and sum(1 for p in found.partitions if p.leader_id >= 0) == partitions
+
+
+def wait_for_topic_on_every_broker(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
+    """CreateTopics returns before every broker has applied the new leaderships; an acks=0 record sent
+    meanwhile to a leader that does not know it yet is dropped silently. Wait until each broker's own
+    metadata shows every partition with a leader."""
+    from confluent_kafka.admin import AdminClient
+
+    brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers.values()
+    for broker in brokers:
+        wait_until(lambda b=broker: _own_view_has_leaders(b.host, b.port, topic, partitions), timeout,
+                   f"broker {broker.id} to lead/know every partition of {topic}")

@@ -16,6 +16,7 @@ from .clients import (
     kafka_python_round_trip,
     records,
     topic_name,
+    wait_for_topic_on_every_broker,
     wait_until,
 )
 
@@ -26,8 +27,7 @@ def _create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS, repli
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(name, partitions, replication)])
     futures[name].result(30)
-    wait_until(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == partitions,
-               30, f"topic {name} metadata")
+    wait_for_topic_on_every_broker(bootstrap, name, partitions)
 
 
 def _consume_confluent(bootstrap: str, topic: str, count: int, **config: object) -> dict[int, list[str]]:
