@@ -14,7 +14,15 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.partitioner.default import murmur2
 
-from .clients import PARTITIONS, assert_exact, assert_proxy_addresses, read_all, topic_name, wait_until
+from .clients import (
+    PARTITIONS,
+    assert_exact,
+    assert_proxy_addresses,
+    read_all,
+    topic_name,
+    wait_for_topic_on_every_broker,
+    wait_until,
+)
 from .conftest import (
     JAVA_CONSOLE_CONSUMER,
     JAVA_CONSOLE_PRODUCER,
@@ -44,8 +52,7 @@ def _ok(done: subprocess.CompletedProcess[bytes]) -> str:
 def _create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS, replication: int = 3) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(name, partitions, replication)])[name].result(30)
-    wait_until(lambda: len(admin.list_topics(name, timeout=10).topics[name].partitions) == partitions,
-               30, f"topic {name} metadata")
+    wait_for_topic_on_every_broker(bootstrap, name, partitions)  # acks=0 runs lose nothing then
 
 
 def _key_for_partition(index: int) -> str:

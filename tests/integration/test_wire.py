@@ -14,6 +14,8 @@ from protocol.apis import KNOWN_APIS
 from protocol.frames import frame
 from protocol.headers import encode_request_header
 
+from .clients import wait_for_topic_on_every_broker
+
 
 def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=15)
@@ -162,6 +164,7 @@ def test_acks0_sent_just_before_closing_is_not_lost(proxy):
     topic = f"acks0-close-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    wait_for_topic_on_every_broker(proxy.bootstrap, topic, 1)
     leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
     builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
     builder.append(timestamp=1_700_000_000_000, key=b"k", value=b"v" * 100)
