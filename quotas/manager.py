@@ -20,6 +20,9 @@ IDLE_EXPIRY_MS = 3600 * 1000
 
 _RESOLVED_MAX = 100_000
 
+#: How much earlier than the throttle's end a held connection may try again (see remaining_throttle_ms).
+HOLD_HEAD_START_MS = 1
+
 
 @dataclass(slots=True)
 class Bucket:
@@ -128,7 +131,10 @@ class ClientQuotaManager:
         if found is None:
             return 0
         bucket = self.buckets.get(found[0])
-        return 0 if bucket is None else max(bucket.throttled_until_ms - now_ms, 0)
+        # One millisecond short of the throttle's end: connections held for another's throttle then
+        # go before the one that caused it (whose mute ends exactly then), so a client's connections
+        # to different brokers take turns instead of one winning every time and starving the others.
+        return 0 if bucket is None else max(bucket.throttled_until_ms - now_ms - HOLD_HEAD_START_MS, 0)
 
     def unrecord(self, charge: Charge, value: float, now_ms: int) -> None:
         """Take a recording back (a throttled fetch's bytes are not sent, so not counted)."""

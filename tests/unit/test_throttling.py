@@ -863,3 +863,21 @@ def test_fetch_long_poll_wait_is_not_charged() -> None:
     assert [bytes(p.records) for t in decoded.responses for p in t.partitions if p.records is not None] \
         == [b"", b""]
     assert throttles(up + down) == ([1000], [1000])
+
+
+def test_connections_held_by_a_shared_bucket_take_turns() -> None:
+    """A client's connections to different brokers share its bucket. When a throttle ends, the ones
+    held for it go first (1 ms ahead): without that, the connection whose request caused the
+    throttle wins every time (its timer was set first) and the client's other brokers starve."""
+    engine = engine_with({ANON: {P: 10}})
+    winner, held = proxy(engine), proxy(engine)
+    first = winner.receive_from_client(frame(acks_request(1, acks=1)), now_ms=0)
+    (mute,) = of_type(first, Mute)
+    waiting = held.receive_from_client(frame(acks_request(2, acks=1)), now_ms=1)
+    assert to_broker(waiting) == b""
+    (hold,) = of_type(waiting, Mute)
+    assert 1 + hold.ms < mute.ms  # the held one is woken first...
+    resumed = held.resume(now_ms=1 + hold.ms)
+    assert request_ids(resumed) == [2]  # ...and goes on
+    later = winner.receive_from_client(frame(acks_request(3, acks=1)), now_ms=mute.ms)
+    assert to_broker(later) == b""  # the first connection now waits its turn
