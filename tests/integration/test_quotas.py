@@ -253,3 +253,46 @@ def test_producer_ids_rate_holds_an_idempotent_storm(sasl_quota_proxy: QuotaProx
     assert _end_offsets(sasl_quota_proxy.bootstrap, topic, **_sasl("admin")) == storm + 200
 
 
+
+
+def test_acks0_requests_waiting_behind_a_throttle_still_land_after_the_client_leaves(
+        quota_proxy: QuotaProxy) -> None:
+    """acks=0 requests pipelined behind a throttled one wait (in the proxy, or unread in the socket
+    while the connection is muted). If the client then closes, they must still go on once the mute
+    has passed, as a broker reads what a closed connection sent: acks=0 records have no other chance."""
+    from kafka.protocol.producer import ProduceRequest
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from protocol.frames import frame
+    from protocol.headers import encode_request_header
+
+    client = "acks0-muted"
+    quota_proxy.set_quotas(f'[[quota]]\nclient_id = "{client}"\nproducer_byte_rate = 2000')
+    topic = _topic(quota_proxy.bootstrap, "acks0-muted")
+    metadata = AdminClient({"bootstrap.servers": quota_proxy.bootstrap}).list_topics(topic, timeout=10)
+    leader = metadata.topics[topic].partitions[0].leader
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(timestamp=1_700_000_000_000, key=b"k", value=b"v" * 1000)
+    builder.close()
+    T = ProduceRequest.TopicProduceData
+    data = [T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]
+    request = ProduceRequest[9](transactional_id=None, acks=0, timeout_ms=30_000, topic_data=data)
+    body = bytes(request.encode())
+    count = 8  # ~8.5 KB against 2000 B/s: all but the first wait behind throttles
+    with socket.create_connection(("127.0.0.1", quota_proxy.node_port(leader)), timeout=10) as sock:
+        sock.sendall(b"".join(frame(encode_request_header(0, 9, cid, client) + body) for cid in range(count)))
+        time.sleep(0.3)  # read by the proxy (and muted) before the close
+    consumer = Consumer({"bootstrap.servers": quota_proxy.bootstrap, "group.id": topic})
+    try:
+        deadline = time.monotonic() + 40
+        landed = 0
+        while time.monotonic() < deadline:
+            landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            if landed >= count:
+                break
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+    assert landed == count, f"{count - landed} of {count} acks=0 records were lost"
+    assert quota_proxy.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
+                              client_id=client) > 0
