@@ -125,6 +125,11 @@ def _selector(entity: Entity) -> dict[str, str | None]:
     return {("user" if kind == "user" else "client_id"): name for kind, name in entity.items()}
 
 
+def _number(value: float) -> str:
+    """1048576, not 1.04858e+06: byte rates are whole numbers and people compare them exactly."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
 def format_entity(entity: Entity) -> str:
     return ", ".join(f"{kind}={'<default>' if name is None else name}" for kind, name in entity.items())
 
@@ -139,7 +144,7 @@ def run_command(args: Any) -> int:
         if args.action == "describe":
             found = describe(args.bootstrap_server, **_selector(entity), **config)
             for described, values in found:
-                quotas = ", ".join(f"{key}={value:g}" for key, value in sorted(values.items()))
+                quotas = ", ".join(f"{key}={_number(value)}" for key, value in sorted(values.items()))
                 print(f"{format_entity(described)}: {quotas}")
             if not found:
                 print("no quotas match")
