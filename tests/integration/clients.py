@@ -208,3 +208,31 @@ def wait_for_topic_on_every_broker(bootstrap: str, topic: str, partitions: int, 
     for broker in brokers:
         wait_until(lambda b=broker: _own_view_has_leaders(b.host, b.port, topic, partitions), timeout,
                    f"broker {broker.id} to lead/know every partition of {topic}")
+
+
+def acks0_produce_body(topic: str, value: bytes) -> bytes:
+    """The body of a Produce v9 request with acks=0 and one record for partition 0 of `topic`."""
+    from kafka.protocol.producer import ProduceRequest
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(timestamp=1_700_000_000_000, key=b"k", value=value)
+    builder.close()
+    T = ProduceRequest.TopicProduceData
+    data = [T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]
+    request = ProduceRequest[9](transactional_id=None, acks=0, timeout_ms=30_000, topic_data=data)
+    return bytes(request.encode())
+
+
+def landed_on_partition_0(bootstrap: str, topic: str, count: int, timeout: float) -> int:
+    """Partition 0's end offset once it reaches `count`, or what it is when `timeout` runs out."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic})
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            if landed >= count or time.monotonic() > deadline:
+                return int(landed)
+            time.sleep(0.2)
+    finally:
+        consumer.close()

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.local_kafka import SASL_USERS, LocalKafka
 
-from .clients import PARTITIONS, topic_name, wait_until
+from .clients import PARTITIONS, acks0_produce_body, landed_on_partition_0, topic_name, wait_until
 from .proxies import QuotaProxy
 from .quota_runs import RunResult, consume_for, produce_for
 
@@ -260,9 +260,6 @@ def test_acks0_requests_waiting_behind_a_throttle_still_land_after_the_client_le
     """acks=0 requests pipelined behind a throttled one wait (in the proxy, or unread in the socket
     while the connection is muted). If the client then closes, they must still go on once the mute
     has passed, as a broker reads what a closed connection sent: acks=0 records have no other chance."""
-    from kafka.protocol.producer import ProduceRequest
-    from kafka.record.memory_records import MemoryRecordsBuilder
-
     from protocol.frames import frame
     from protocol.headers import encode_request_header
 
@@ -271,28 +268,12 @@ def test_acks0_requests_waiting_behind_a_throttle_still_land_after_the_client_le
     topic = _topic(quota_proxy.bootstrap, "acks0-muted")
     metadata = AdminClient({"bootstrap.servers": quota_proxy.bootstrap}).list_topics(topic, timeout=10)
     leader = metadata.topics[topic].partitions[0].leader
-    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
-    builder.append(timestamp=1_700_000_000_000, key=b"k", value=b"v" * 1000)
-    builder.close()
-    T = ProduceRequest.TopicProduceData
-    data = [T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]
-    request = ProduceRequest[9](transactional_id=None, acks=0, timeout_ms=30_000, topic_data=data)
-    body = bytes(request.encode())
+    body = acks0_produce_body(topic, b"v" * 1000)
     count = 8  # ~8.5 KB against 2000 B/s: all but the first wait behind throttles
     with socket.create_connection(("127.0.0.1", quota_proxy.node_port(leader)), timeout=10) as sock:
         sock.sendall(b"".join(frame(encode_request_header(0, 9, cid, client) + body) for cid in range(count)))
         time.sleep(0.3)  # read by the proxy (and muted) before the close
-    consumer = Consumer({"bootstrap.servers": quota_proxy.bootstrap, "group.id": topic})
-    try:
-        deadline = time.monotonic() + 40
-        landed = 0
-        while time.monotonic() < deadline:
-            landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-            if landed >= count:
-                break
-            time.sleep(0.2)
-    finally:
-        consumer.close()
+    landed = landed_on_partition_0(quota_proxy.bootstrap, topic, count, 40)
     assert landed == count, f"{count - landed} of {count} acks=0 records were lost"
     assert quota_proxy.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
                               client_id=client) > 0

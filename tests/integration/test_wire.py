@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 import uuid
 
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
@@ -14,7 +13,7 @@ from protocol.apis import KNOWN_APIS
 from protocol.frames import frame
 from protocol.headers import encode_request_header
 
-from .clients import wait_for_topic_on_every_broker
+from .clients import acks0_produce_body, landed_on_partition_0, wait_for_topic_on_every_broker
 
 
 def _connect(port: int) -> socket.socket:
@@ -156,36 +155,17 @@ def test_oversized_frame_is_refused_before_it_is_buffered(proxy):
 def test_acks0_sent_just_before_closing_is_not_lost(proxy):
     """A client may send an acks=0 Produce and leave before the proxy's broker connection is up:
     what it sent must still reach the broker (it has no other chance)."""
-    from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka.protocol.producer import ProduceRequest
-    from kafka.record.memory_records import MemoryRecordsBuilder
 
     topic = f"acks0-close-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     wait_for_topic_on_every_broker(proxy.bootstrap, topic, 1)
     leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
-    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
-    builder.append(timestamp=1_700_000_000_000, key=b"k", value=b"v" * 100)
-    builder.close()
-    T = ProduceRequest.TopicProduceData
-    data = [T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]
-    request = ProduceRequest[9](transactional_id=None, acks=0, timeout_ms=30_000, topic_data=data)
-    body = bytes(request.encode())
+    body = acks0_produce_body(topic, b"v" * 100)
     connections = 40
     for cid in range(connections):
         with _connect(proxy.node_port(leader)) as sock:
             sock.sendall(frame(encode_request_header(0, 9, cid, "acks0-close") + body))
-    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": topic})
-    try:
-        deadline = time.monotonic() + 30
-        landed = 0
-        while time.monotonic() < deadline:
-            landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-            if landed >= connections:
-                break
-            time.sleep(0.2)
-    finally:
-        consumer.close()
+    landed = landed_on_partition_0(proxy.bootstrap, topic, connections, 30)
     assert landed == connections, f"{connections - landed} of {connections} acks=0 records were lost"

@@ -36,6 +36,7 @@ from protocol.throttling import (
 )
 from quotas.engine import EngineConfig, QuotaEngine, QuotaTable
 from quotas.entity import DEFAULT, BucketKey, QuotaEntity
+from quotas.manager import HOLD_HEAD_START_MS
 from quotas.rate import WindowConfig
 from quotas.types import QuotaType
 
@@ -876,7 +877,9 @@ def test_connections_held_by_a_shared_bucket_take_turns() -> None:
     waiting = held.receive_from_client(frame(acks_request(2, acks=1)), now_ms=1)
     assert to_broker(waiting) == b""
     (hold,) = of_type(waiting, Mute)
-    assert 1 + hold.ms < mute.ms  # the held one is woken first...
+    # the held one is woken first, HOLD_HEAD_START_MS before the throttle it waits for ends...
+    assert 1 + hold.ms == mute.ms - HOLD_HEAD_START_MS
+    assert HOLD_HEAD_START_MS > 0
     resumed = held.resume(now_ms=1 + hold.ms)
     assert request_ids(resumed) == [2]  # ...and goes on
     later = winner.receive_from_client(frame(acks_request(3, acks=1)), now_ms=mute.ms)
