@@ -14,6 +14,7 @@ from typing import Any
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
 from .headers import response_body_offset
+from .skim import fetch_response_has_tags, produce_response_has_tags
 
 Address = tuple[str, int]
 #: node id -> the proxy address clients must use for it
@@ -60,6 +61,12 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
     """
     spec = KNOWN_APIS[api_key]
     start = response_body_offset(frame, header_version)
+    # NodeEndpoints is a top-level tagged field: a Produce or Fetch response without any (the
+    # broker adds them only when a leader moved) goes on untouched, skimmed but not decoded.
+    if api_key == ApiKey.PRODUCE and not produce_response_has_tags(frame, start, api_version):
+        return RewriteResult(frame)
+    if api_key == ApiKey.FETCH and not fetch_response_has_tags(frame, start, api_version):
+        return RewriteResult(frame)
     try:
         message = spec.response_class.decode(memoryview(frame)[start:], version=api_version)
     except Exception as exc:  # kafka-python raises several types for bad bytes

@@ -24,6 +24,8 @@ class RequestHeader(NamedTuple):
 
 def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """Kafka's unsigned varint at `pos`: (value, next position)."""
+    if pos < len(buf) and buf[pos] < 0x80:  # one byte: nearly every length and count
+        return buf[pos], pos + 1
     value = 0
     shift = 0
     while True:
@@ -41,6 +43,8 @@ def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
 
 def skip_tagged_fields(buf: bytes, pos: int) -> int:
     """Position after a tagged-field section starting at `pos`."""
+    if pos < len(buf) and buf[pos] == 0:  # no tagged fields: nearly always
+        return pos + 1
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)

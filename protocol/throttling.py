@@ -16,14 +16,9 @@ from kafka.protocol.schemas import BaseField
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
 from .headers import RequestHeader
+from .skim import produce_request_producer_ids
 
 _INT32 = 2**31 - 1
-
-#: Offset of `producerId` in a v2 record batch header (base offset 8, length 4, leader epoch 4,
-#: magic 1, crc 4, attributes 2, last offset delta 4, first and max timestamps 8 + 8).
-_BATCH_PRODUCER_ID = 43
-_BATCH_MAGIC = 16
-_BATCH_HEADER = 61
 
 
 class ThrottleField(Enum):
@@ -123,24 +118,4 @@ def cap_fetch_bytes(frame: bytes, header: RequestHeader, cap: int) -> bytes:
 
 def produce_producer_ids(frame: bytes, header: RequestHeader) -> list[int]:
     """Producer ids of the v2 record batches in a Produce request (idempotent/transactional only)."""
-    spec = KNOWN_APIS[ApiKey.PRODUCE]
-    message = _decode(spec.request_class, frame, header.body_offset, header.api_version, "Produce request")
-    found: list[int] = []
-    for topic in message.topic_data:
-        for partition in topic.partition_data:
-            records = partition.records
-            if not records:
-                continue
-            data = bytes(records)
-            pos = 0
-            while pos + _BATCH_HEADER <= len(data):
-                length = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
-                if data[pos + _BATCH_MAGIC] == 2:
-                    pid = int.from_bytes(data[pos + _BATCH_PRODUCER_ID : pos + _BATCH_PRODUCER_ID + 8],
-                                         "big", signed=True)
-                    if pid >= 0:
-                        found.append(pid)
-                if length <= 0:
-                    break
-                pos += 12 + length
-    return found
+    return produce_request_producer_ids(frame, header.body_offset, header.api_version)

@@ -113,39 +113,37 @@ class QuotaEngine:
         """Record one request's usage on every quota that applies; return the throttle."""
         if not self.table:
             return NO_THROTTLE
-        charges: list[tuple[QuotaType, Charge, float]] = []
+        managers = self.managers
+        # The worst violated quota so far (a tie goes to the request quota), and the fetch
+        # recording to take back if anything throttles.
+        worst: Charge | None = None
+        worst_type: QuotaType | None = None
+        fetch_charge: Charge | None = None
         if produce_bytes:
-            charges.append((QuotaType.PRODUCE, self.managers[QuotaType.PRODUCE].record(
-                user, client_id, produce_bytes, now_ms), produce_bytes))
+            charge = managers[QuotaType.PRODUCE].record(user, client_id, produce_bytes, now_ms)
+            if charge.throttle_ms > 0:
+                worst, worst_type = charge, QuotaType.PRODUCE
         if fetch_bytes:
-            charges.append((QuotaType.FETCH, self.managers[QuotaType.FETCH].record(
-                user, client_id, fetch_bytes, now_ms), fetch_bytes))
+            charge = fetch_charge = managers[QuotaType.FETCH].record(user, client_id, fetch_bytes, now_ms)
+            if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
+                worst, worst_type = charge, QuotaType.FETCH
         if producer_ids:
             new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
             if new:
-                charges.append((QuotaType.PRODUCER_IDS, self.managers[QuotaType.PRODUCER_IDS].record(
-                    user, "", new, now_ms), new))
+                charge = managers[QuotaType.PRODUCER_IDS].record(user, "", new, now_ms)
+                if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
+                    worst, worst_type = charge, QuotaType.PRODUCER_IDS
         if request_time_ms is not None:
             # Kafka charges request time as a percentage of one thread: ms * 100 / 1000 per second.
-            value = request_time_ms / 10.0
-            charges.append((QuotaType.REQUEST, self.managers[QuotaType.REQUEST].record(
-                user, client_id, value, now_ms), value))
-        worst: tuple[QuotaType, Charge] | None = None
-        for quota_type, charge, _ in charges:
-            if charge.throttle_ms <= 0:
-                continue
-            if (worst is None or charge.throttle_ms > worst[1].throttle_ms
-                    or (charge.throttle_ms == worst[1].throttle_ms and quota_type is QuotaType.REQUEST)):
-                worst = (quota_type, charge)
-        if worst is None:
+            charge = managers[QuotaType.REQUEST].record(user, client_id, request_time_ms / 10.0, now_ms)
+            if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms >= worst.throttle_ms):
+                worst, worst_type = charge, QuotaType.REQUEST
+        if worst is None or worst_type is None:
             return NO_THROTTLE
-        quota_type, charge = worst
-        self.managers[quota_type].record_throttle(charge, charge.throttle_ms, now_ms)
-        if fetch_bytes:
-            for charged_type, fetch_charge, value in charges:
-                if charged_type is QuotaType.FETCH:
-                    self.managers[QuotaType.FETCH].unrecord(fetch_charge, value, now_ms)
-        return Verdict(charge.throttle_ms, quota_type)
+        managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
+        if fetch_charge is not None:
+            managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
+        return Verdict(worst.throttle_ms, worst_type)
 
     def expire_idle(self, now_ms: int) -> int:
         return sum(manager.expire_idle(now_ms) for manager in self.managers.values())

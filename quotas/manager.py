@@ -9,6 +9,7 @@ its history survives quota changes as long as its key does not change.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .entity import BucketKey, QuotaEntity, resolve
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
@@ -44,9 +45,8 @@ class Bucket:
     throttled_until_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What one recording led to."""
+class Charge(NamedTuple):
+    """What one recording led to (a tuple: one is made per charged request)."""
 
     bucket: BucketKey | None  # None: no quota applies (unlimited)
     bound: float
@@ -71,6 +71,8 @@ class ClientQuotaManager:
         #: (user, client-id) -> its bucket and bound; resolving walks 8 levels, so it is cached
         #: until the quotas change (bounded: cleared when it grows past _RESOLVED_MAX entries)
         self._resolved: dict[tuple[str, str], tuple[BucketKey, float] | None] = {}
+        #: the latest end of any bucket's throttle: before it, some request may have to wait
+        self.throttled_until_ms = 0
 
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
@@ -123,10 +125,13 @@ class ClientQuotaManager:
         else:
             throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
         bucket.throttled_until_ms = max(bucket.throttled_until_ms, now_ms + throttle)
+        self.throttled_until_ms = max(self.throttled_until_ms, bucket.throttled_until_ms)
         return Charge(key, bound, observed, throttle)
 
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""
+        if now_ms + HOLD_HEAD_START_MS >= self.throttled_until_ms:  # no bucket is throttled now
+            return 0
         found = self.resolve(user, client_id)
         if found is None:
             return 0

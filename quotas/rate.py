@@ -93,16 +93,7 @@ class WindowedRate:
 
     def window_ms(self, now_ms: int) -> int:
         """The time the rate is measured over (Kafka's `Rate.windowSize`), never below 1 ms."""
-        self._purge(now_ms)
-        if not self._samples:
-            self._samples.append(_Sample(now_ms))
-        oldest = min(sample.start_ms for sample in self._samples)
-        elapsed = now_ms - oldest
-        full = elapsed // self.config.window_ms
-        minimum = self.config.samples - 1
-        if full < minimum:
-            elapsed += (minimum - full) * self.config.window_ms
-        return max(elapsed, 1)
+        return self.measure_with_window(now_ms)[1]
 
     def total(self, now_ms: int) -> float:
         self._purge(now_ms)
@@ -124,9 +115,30 @@ class WindowedRate:
         return self.measure_with_window(now_ms)[0]
 
     def measure_with_window(self, now_ms: int) -> tuple[float, int]:
-        """Rate per second and the window it was measured over (the throttle formula needs both)."""
-        window = self.window_ms(now_ms)
-        return sum(sample.value for sample in self._samples) * 1000.0 / window, window
+        """Rate per second and the window it was measured over (the throttle formula needs both).
+
+        `_purge`, `window_ms` and `total` in one pass: it runs for every charged request.
+        """
+        config = self.config
+        samples = self._samples
+        if not samples:
+            samples.append(_Sample(now_ms))
+        expired = now_ms - config.samples * config.window_ms
+        total = 0.0
+        oldest = now_ms
+        for sample in samples:
+            if sample.last_event_ms <= expired:
+                sample.reset(now_ms)
+            else:
+                total += sample.value
+                if sample.start_ms < oldest:
+                    oldest = sample.start_ms
+        elapsed = now_ms - oldest
+        full = elapsed // config.window_ms
+        if full < config.samples - 1:
+            elapsed += (config.samples - 1 - full) * config.window_ms
+        window = max(elapsed, 1)
+        return total * 1000.0 / window, window
 
     @property
     def idle_since_ms(self) -> int | None:

@@ -1,0 +1,152 @@
+"""Hand-written readers that skim a Produce or Fetch body for one fact without decoding it.
+
+The bench showed the generic decoders on the per-request path: decoding every Produce request
+to read its producer ids, and every Produce v10+ / Fetch v16+ response to learn that it carries
+no KIP-951 NodeEndpoints, cost more than the proxy's whole forwarding work for a small record.
+These readers step over the fields by their sizes (records are skipped by length, never
+copied) and follow the field order of Kafka's JSON schemas (`ProduceRequest.json`,
+`ProduceResponse.json`, `FetchResponse.json`). Anything that does not add up raises
+`MalformedBody`, as a failed decode would.
+"""
+
+from __future__ import annotations
+
+from .errors import MalformedBody, MalformedHeader
+from .headers import read_uvarint, skip_tagged_fields
+
+#: Offset of `producerId` in a v2 record batch header (base offset 8, length 4, leader epoch 4,
+#: magic 1, crc 4, attributes 2, last offset delta 4, first and max timestamps 8 + 8).
+BATCH_PRODUCER_ID = 43
+BATCH_MAGIC = 16
+BATCH_HEADER = 61
+#: Produce v9 and Fetch v12 are the first flexible versions (compact strings, tagged fields).
+PRODUCE_FIRST_FLEXIBLE = 9
+FETCH_FIRST_FLEXIBLE = 12
+#: From these versions topics are named by id (a 16-byte uuid), not by name.
+PRODUCE_FIRST_TOPIC_ID = 13
+FETCH_FIRST_TOPIC_ID = 13
+_UUID = 16
+
+
+def _length(buf: bytes, pos: int, flexible: bool, width: int) -> tuple[int, int]:
+    """A length prefix: compact (uvarint of length + 1, 0 is null) or a signed int of `width` bytes.
+
+    Null comes back as -1, as in the classic encoding.
+    """
+    if flexible:
+        value, pos = read_uvarint(buf, pos)
+        return value - 1, pos
+    end = pos + width
+    if end > len(buf):
+        raise MalformedHeader("length prefix runs past the end")
+    return int.from_bytes(buf[pos:end], "big", signed=True), end
+
+
+def _skip_string(buf: bytes, pos: int, flexible: bool) -> int:
+    length, pos = _length(buf, pos, flexible, 2)
+    return pos + max(length, 0)
+
+
+def _count(buf: bytes, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's element count (null arrays count as empty); bounded by the bytes left."""
+    count, pos = _length(buf, pos, flexible, 4)
+    if count > len(buf) - pos:  # every element takes at least one byte
+        raise MalformedHeader(f"array of {count} elements in {len(buf) - pos} bytes")
+    return max(count, 0), pos
+
+
+def _batch_producer_ids(buf: bytes, pos: int, end: int, found: list[int]) -> None:
+    """Producer ids of the v2 batches in buf[pos:end] (idempotent or transactional ones only)."""
+    while pos + BATCH_HEADER <= end:
+        length = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
+        if buf[pos + BATCH_MAGIC] == 2:
+            pid = int.from_bytes(buf[pos + BATCH_PRODUCER_ID : pos + BATCH_PRODUCER_ID + 8], "big",
+                                 signed=True)
+            if pid >= 0:
+                found.append(pid)
+        if length <= 0:
+            break
+        pos += 12 + length
+
+
+def produce_request_producer_ids(frame: bytes, body_offset: int, version: int) -> list[int]:
+    """Producer ids of the v2 record batches in a Produce request body starting at `body_offset`."""
+    if version < 3:  # before v3 batches may be magic 0/1, which have no producer id
+        return []
+    flexible = version >= PRODUCE_FIRST_FLEXIBLE
+    found: list[int] = []
+    try:
+        pos = _skip_string(frame, body_offset, flexible)  # transactional id
+        pos += 6  # acks, timeout
+        topics, pos = _count(frame, pos, flexible)
+        for _ in range(topics):
+            pos = pos + _UUID if version >= PRODUCE_FIRST_TOPIC_ID else _skip_string(frame, pos, flexible)
+            partitions, pos = _count(frame, pos, flexible)
+            for _ in range(partitions):
+                size, pos = _length(frame, pos + 4, flexible, 4)  # after the partition index
+                if size > 0:
+                    end = pos + size
+                    if end > len(frame):
+                        raise MalformedHeader(f"records of {size} bytes run past the end")
+                    _batch_producer_ids(frame, pos, end, found)
+                    pos = end
+                if flexible:
+                    pos = skip_tagged_fields(frame, pos)
+            if flexible:
+                pos = skip_tagged_fields(frame, pos)
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+        if pos > len(frame):
+            raise MalformedHeader("fields run past the end")
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Produce v{version} request does not parse: {exc}") from exc
+    return found
+
+
+def _top_level_tags(frame: bytes, pos: int, what: str) -> bool:
+    """Whether the tagged-field section at `pos` closes the frame and holds any field."""
+    count, end = read_uvarint(frame, pos)
+    if count == 0 and end != len(frame):
+        raise MalformedHeader(f"{len(frame) - end} bytes after the end of the {what}")
+    return count > 0
+
+
+def produce_response_has_tags(frame: bytes, body_offset: int, version: int) -> bool:
+    """Whether a flexible Produce response carries top-level tagged fields (NodeEndpoints, v10+)."""
+    try:
+        pos = body_offset
+        topics, pos = _count(frame, pos, True)
+        for _ in range(topics):
+            pos = pos + _UUID if version >= PRODUCE_FIRST_TOPIC_ID else _skip_string(frame, pos, True)
+            partitions, pos = _count(frame, pos, True)
+            for _ in range(partitions):
+                # index, error code, base offset, log append time, log start offset
+                errors, pos = _count(frame, pos + 30, True)
+                for _ in range(errors):
+                    pos = skip_tagged_fields(frame, _skip_string(frame, pos + 4, True))
+                pos = skip_tagged_fields(frame, _skip_string(frame, pos, True))  # error message
+            pos = skip_tagged_fields(frame, pos)
+        return _top_level_tags(frame, pos + 4, "response")  # after throttle_time_ms
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Produce v{version} response does not parse: {exc}") from exc
+
+
+def fetch_response_has_tags(frame: bytes, body_offset: int, version: int) -> bool:
+    """Whether a flexible Fetch response carries top-level tagged fields (NodeEndpoints, v16+)."""
+    try:
+        pos = body_offset + 10  # throttle time, error code, session id
+        topics, pos = _count(frame, pos, True)
+        for _ in range(topics):
+            pos = pos + _UUID if version >= FETCH_FIRST_TOPIC_ID else _skip_string(frame, pos, True)
+            partitions, pos = _count(frame, pos, True)
+            for _ in range(partitions):
+                # index, error code, high watermark, last stable offset, log start offset
+                aborted, pos = _count(frame, pos + 30, True)
+                for _ in range(aborted):
+                    pos = skip_tagged_fields(frame, pos + 16)
+                size, pos = _length(frame, pos + 4, True, 4)  # after the preferred read replica
+                pos = skip_tagged_fields(frame, pos + max(size, 0))
+            pos = skip_tagged_fields(frame, pos)
+        return _top_level_tags(frame, pos, "response")
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Fetch v{version} response does not parse: {exc}") from exc
