@@ -14,7 +14,10 @@ follower fetches competing with the proxy for the CPU; acks=1 waits for the lead
 partitions, two per broker. Records are not compressed, so the bytes counted are the bytes moved.
 The paths alternate (direct, proxy, proxy+quotas, direct, ...) after an unmeasured warm-up of each,
 each produce run on a fresh topic, and the median per path is reported, so neither warm-up nor
-drift favours a side.
+drift favours a side. Runs are long enough to measure the steady state: each consume run reads
+600 MB (over a second at the direct rate). With 200 MB (0.2 s), every run mostly measured how fast
+librdkafka's fetchers ramp up on fresh connections, which varied by +-40% from run to run on
+either path.
 
 The summary ends with the memory of the quota state (10,000 (user, client-id) entities, the
 producer-id Bloom filter), measured in-process without the cluster: see `bench/memory.py`.
@@ -290,7 +293,7 @@ def consume(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, i
     if duplicates:
         print(f"  note: {path} consumer saw {duplicates} duplicate records (producer retries)", flush=True)
     if timed_records == 0:
-        raise BenchFailure(f"{path}: all {records} records came in the first batch; use more --records")
+        raise BenchFailure(f"{path}: all {records} records came in the first batch; use more of them")
     return timed_records, timed_bytes, seconds
 
 
@@ -301,11 +304,12 @@ class Bench:
     """One cluster, its proxies (one per proxied path), one admin client, and the runs on every path."""
 
     def __init__(self, cluster: LocalKafka, proxies: dict[str, RunningProxy], admin: AdminClient,
-                 records: int) -> None:
+                 records: int, consume_records: int) -> None:
         self.cluster = cluster
         self.proxies = proxies
         self.admin = admin
         self.records = records
+        self.consume_records = consume_records
         self.bootstraps = {"direct": cluster.bootstrap} | {path: p.bootstrap for path, p in proxies.items()}
         self.tag = uuid.uuid4().hex[:8]
 
@@ -340,38 +344,40 @@ class Bench:
                 runs.append(run)
         return runs
 
-    def produce_rounds(self, rounds: int, warmup_records: int) -> tuple[Comparison, str]:
-        """Alternating produce runs; returns them and one topic kept full for the consume runs."""
+    def produce_rounds(self, rounds: int, warmup_records: int) -> Comparison:
+        """Alternating produce runs, each to a fresh topic deleted after it."""
         for path in PATHS:  # unmeasured: JIT-warm the brokers, connect each proxy to each broker
             topic = f"bench-warmup-{path.replace('+', '-')}-{self.tag}"
             create_topic(self.admin, topic)
             produce(path, self.bootstraps[path], topic, warmup_records)
             delete_topic(self.admin, topic)
-        kept: list[str] = []
 
         def one(path: str, round_no: int) -> Run:
             topic = f"bench-produce-{path.replace('+', '-')}-{round_no}-{self.tag}"
             create_topic(self.admin, topic)
             run = self.timed(path, lambda: produce(path, self.bootstraps[path], topic, self.records))
-            if kept:
-                delete_topic(self.admin, topic)
-            else:
-                kept.append(topic)
+            delete_topic(self.admin, topic)
             return run
 
         print(f"produce: {self.records} x {RECORD_BYTES} B records, {PARTITIONS} partitions, replication "
               f"factor {REPLICATION_FACTOR}, acks=1, linger.ms=5, batch.size=1000000; fresh topic per run",
               flush=True)
-        return Comparison("produce", self.alternate(rounds, one)), kept[0]
+        return Comparison("produce", self.alternate(rounds, one))
 
-    def consume_rounds(self, rounds: int, topic: str) -> Comparison:
-        """Alternating reads of one topic; unmeasured first reads warm the page cache and every path."""
+    def consume_rounds(self, rounds: int) -> Comparison:
+        """Alternating reads of one topic, filled directly first; unmeasured first reads warm the
+        page cache and every path."""
+        topic = f"bench-consume-{self.tag}"
+        create_topic(self.admin, topic)
+        produce("direct", self.bootstraps["direct"], topic, self.consume_records)
+        records = self.consume_records
         for path in PATHS:
-            consume(path, self.bootstraps[path], topic, self.records)
-        print(f"consume: the same {self.records} records from {topic} each run, default fetch sizes, "
+            consume(path, self.bootstraps[path], topic, records)
+        print(f"consume: the same {records} records from {topic} each run, default fetch sizes, "
               "timed from the first batch of 1000", flush=True)
         runs = self.alternate(rounds, lambda path, _round: self.timed(
-            path, lambda: consume(path, self.bootstraps[path], topic, self.records)))
+            path, lambda: consume(path, self.bootstraps[path], topic, records)))
+        delete_topic(self.admin, topic)
         return Comparison("consume", runs)
 
     def produce_latency(self, samples: int, warmup: int) -> dict[int, LatencyByPath]:
@@ -615,10 +621,9 @@ def run(args: argparse.Namespace) -> str:
                   + ", ".join(f"{path} {p.bootstrap} (pid {p.process.pid})" for path, p in proxies.items())
                   + f"; quota file {quota_path} ({2 + OTHER_QUOTA_ENTITIES} entities)", flush=True)
             bench = Bench(cluster, proxies, AdminClient({"bootstrap.servers": cluster.bootstrap}),
-                          args.records)
-            produced, topic = bench.produce_rounds(args.rounds, warmup_records=max(1, args.records // 4))
-            consumed = bench.consume_rounds(args.rounds, topic)
-            delete_topic(bench.admin, topic)
+                          args.records, args.consume_records)
+            produced = bench.produce_rounds(args.rounds, warmup_records=max(1, args.records // 4))
+            consumed = bench.consume_rounds(args.rounds)
             lat = bench.produce_latency(args.samples, args.warmup)
             bench.check_alive()
             quotas = quota_state(metrics_port)
@@ -638,14 +643,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.throughput",
         description="direct vs proxy vs proxy+quotas throughput and latency on a local cluster, side by "
                     "side, and the memory of the quota state")
-    parser.add_argument("--records", type=int, default=20_000, help="10 KB records per throughput run")
+    parser.add_argument("--records", type=int, default=30_000, help="10 KB records per produce run")
+    parser.add_argument("--consume-records", type=int, default=60_000,
+                        help="10 KB records in the topic every consume run reads")
     parser.add_argument("--rounds", type=int, default=7, help="runs per path, alternating (at least 2)")
     parser.add_argument("--samples", type=int, default=5_000, help="timed produce round trips per path")
     parser.add_argument("--warmup", type=int, default=500, help="untimed produce round trips per path")
     parser.add_argument("--brokers", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.records < 1 or args.samples < 1 or args.warmup < 0 or args.brokers < 1:
-        parser.error("need --rounds >= 2, --records >= 1, --samples >= 1, --warmup >= 0, --brokers >= 1")
+    if (args.rounds < 2 or min(args.records, args.consume_records, args.samples, args.brokers) < 1
+            or args.warmup < 0):
+        parser.error("need --rounds >= 2, --records, --consume-records, --samples, --brokers >= 1, "
+                     "--warmup >= 0")
     began = time.monotonic()
     block = run(args)
     print()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ class RunResult:
     events: list[tuple[float, int]] = field(default_factory=list)
     records: int = 0
     errors: list[str] = field(default_factory=list)
+    #: (time, bytes received so far), for consumers: see `consume_for`
+    received: list[tuple[float, int]] = field(default_factory=list)
 
     def rate(self, start_s: float, end_s: float) -> float:
         """Payload bytes per second between `start_s` and `end_s` after the start.
@@ -30,6 +33,14 @@ class RunResult:
         if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end_s - start_s) / 2:
             return sum(size for _, size in inside) / (end_s - start_s)
         return sum(size for _, size in inside[1:]) / (inside[-1][0] - inside[0][0])
+
+    def received_rate(self, start_s: float, end_s: float) -> float:
+        """Bytes per second the consumer received between `start_s` and `end_s` after the start."""
+        lo, hi = self.started + start_s, self.started + end_s
+        inside = [(at, total) for at, total in self.received if lo <= at <= hi]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end_s - start_s) / 2:
+            raise AssertionError(f"too few client statistics between {start_s} s and {end_s} s: {inside}")
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10_000,
@@ -71,11 +82,24 @@ def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10
 
 def consume_for(bootstrap: str, topic: str, seconds: float, expected: int | None = None,
                 **config: object) -> tuple[RunResult, dict[int, list[int]]]:
-    """Consume at full speed for `seconds`; returns timing and offsets seen per partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-quota",
-                         "auto.offset.reset": "earliest", **config})
-    consumer.subscribe([topic])
+    """Consume at full speed for `seconds`; returns timing and offsets seen per partition.
+
+    `RunResult.received` holds the bytes the consumer received from the proxy, every 100 ms, from
+    librdkafka's own statistics (`rxbytes` summed over its broker connections): what a fetch byte
+    quota limits. The records' values are in `events`; they are less, as a fetch response also
+    carries framing and a partial batch at the end of each partition's data, which the client
+    drops and fetches again.
+    """
     result = RunResult(time.monotonic())
+
+    def on_stats(text: str) -> None:
+        brokers = json.loads(text).get("brokers", {}).values()
+        result.received.append((time.monotonic(), sum(int(b.get("rxbytes", 0)) for b in brokers)))
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-quota",
+                         "auto.offset.reset": "earliest", "statistics.interval.ms": 100,
+                         "stats_cb": on_stats, **config})
+    consumer.subscribe([topic])
     offsets: dict[int, list[int]] = {}
     deadline = result.started + seconds
     try:
