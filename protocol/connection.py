@@ -538,12 +538,12 @@ class ProxyConnection:
                     f"response correlation id {correlation_id} does not match the oldest request "
                     f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
                 )
-            if self.observer is not None:
-                self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             frame = self._on_response(entry, frame, actions)
             throttle_ms = mute_ms = 0
             if self.policy is not None:
                 frame, throttle_ms, mute_ms = self._charge_response(entry, frame)
+            if self.observer is not None:  # what the client gets: a throttled Fetch goes out empty
+                self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             if throttle_ms > 0:
                 if mute_ms > 0:
                     actions.append(Throttled(entry.api_key, mute_ms))

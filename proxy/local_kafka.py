@@ -18,7 +18,6 @@ import argparse
 import atexit
 import contextlib
 import ctypes
-import fcntl
 import hashlib
 import os
 import re
@@ -37,6 +36,8 @@ from base64 import urlsafe_b64encode
 from pathlib import Path
 from types import TracebackType
 
+from .maven import cache_root, fetch_once
+
 KAFKA_VERSION = "4.3.1"
 
 SASL_USERS: dict[str, str] = {
@@ -50,7 +51,6 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 
 _POM = Path(__file__).resolve().parent.parent / "harness" / "pom.xml"
-_MARKER = ".complete"
 _HOST = "127.0.0.1"
 _START_ATTEMPTS = 2
 _CDS_DUMP_WAIT_S = 60.0
@@ -80,63 +80,17 @@ logger.clients.level = warn
 # --------------------------------------------------------------------------------------------- jars
 
 
-def _cache_root() -> Path:
-    """The jar cache lives outside the repository so a clean checkout does not refetch."""
-    return Path(os.environ.get("KTHROTTLE_CACHE") or Path.home() / ".cache" / "kthrottle").expanduser()
-
-
-def _pom_digest() -> str:
-    """The marker records the pom it was fetched with, so editing the pom refetches."""
-    return hashlib.sha256(_POM.read_bytes()).hexdigest()
-
-
 def ensure_kafka_jars() -> Path:
-    """Return the directory holding Kafka's runtime jars, fetching them with Maven the first time.
-
-    A marker file is written only after a complete copy, so an interrupted download is redone; a file lock
-    keeps two processes (say, parallel pytest workers) from fetching into the same directory at once.
-    """
+    """Return the directory holding Kafka's runtime jars, fetching them with Maven the first time."""
     override = os.environ.get("KTHROTTLE_KAFKA_LIBS")
     if override:
         libs = Path(override).expanduser()
         if not any(libs.glob("kafka_2.13-*.jar")):
             raise RuntimeError(f"KTHROTTLE_KAFKA_LIBS={override} holds no kafka_2.13-*.jar")
         return libs
-    if not _POM.is_file():
-        raise RuntimeError(f"cannot fetch the Kafka jars: {_POM} is missing (run from a source checkout)")
-    base = _cache_root() / f"kafka-{KAFKA_VERSION}"
-    libs = base / "libs"
-    marker = base / _MARKER
-    digest = _pom_digest()
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return libs
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and marker.read_text().strip() == digest:
-            return libs
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError(
-                "Apache Maven ('mvn') is not on PATH: it is needed once to fetch the Kafka "
-                f"{KAFKA_VERSION} jars from Maven Central into {libs} "
-                "(or point KTHROTTLE_KAFKA_LIBS at a Kafka distribution's libs/ directory)"
-            )
-        marker.unlink(missing_ok=True)
-        partial = base / "libs.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        cmd = [
-            mvn, "-q", "-B", "-f", str(_POM), "dependency:copy-dependencies",
-            f"-DoutputDirectory={partial}", "-DincludeScope=runtime",
-        ]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
-            output = (done.stdout + done.stderr).strip()[-4000:]
-            raise RuntimeError(f"fetching the Kafka jars failed ({' '.join(cmd)}):\n{output}")
-        shutil.rmtree(libs, ignore_errors=True)
-        partial.rename(libs)
-        marker.write_text(digest + "\n")
-    return libs
+    return fetch_once(_POM, cache_root() / f"kafka-{KAFKA_VERSION}" / "libs",
+                      what=f"the Kafka {KAFKA_VERSION} jars", expect="kafka_2.13-*.jar",
+                      hint="or point KTHROTTLE_KAFKA_LIBS at a Kafka distribution's libs/ directory")
 
 
 def kafka_classpath() -> str:
@@ -276,7 +230,7 @@ class ClassArchive:
             ).hexdigest()[:16]
         except OSError:
             self.enabled = False  # an optimisation only: never a reason to fail
-        self.path = _cache_root() / f"kafka-{KAFKA_VERSION}" / "cds" / f"{kind}-{key}.jsa"
+        self.path = cache_root() / f"kafka-{KAFKA_VERSION}" / "cds" / f"{kind}-{key}.jsa"
 
     def flags(self, record: bool) -> tuple[list[str], Path | None]:
         """JVM flags to map the archive, or (when ``record`` and none exists) to record it at exit.

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import fcntl
-import hashlib
 import os
 import re
 import shutil
@@ -33,12 +31,12 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
-from proxy.local_kafka import _cache_root, _die_with_parent, _free_ports, _tail, java_executable
+from proxy.local_kafka import _die_with_parent, _free_ports, _tail, java_executable
+from proxy.maven import cache_root, fetch_once
 
 ZOOKEEPER_VERSION = "3.9.5"
 
 _POM = Path(__file__).resolve().parent.parent / "harness" / "zookeeper" / "pom.xml"
-_MARKER = ".complete"
 _HOST = "127.0.0.1"
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _WORKDIR_PREFIX = "kthrottle-zk-"
@@ -62,58 +60,18 @@ _LOGBACK_XML = """\
 # --------------------------------------------------------------------------------------------- jars
 
 
-def _pom_digest() -> str:
-    """The marker records the pom it was fetched with, so editing the pom refetches."""
-    return hashlib.sha256(_POM.read_bytes()).hexdigest()
-
-
 def ensure_zookeeper_jars() -> Path:
-    """Return the directory holding ZooKeeper's runtime jars, fetching them with Maven the first time.
-
-    Same pattern as ``ensure_kafka_jars``: a marker written only after a complete copy, and a file lock so
-    two processes never fetch into the same directory at once.
-    """
+    """Return the directory holding ZooKeeper's runtime jars, fetching them with Maven the first time."""
     override = os.environ.get("KTHROTTLE_ZOOKEEPER_LIBS")
     if override:
         libs = Path(override).expanduser()
         if not any(libs.glob("zookeeper-*.jar")):
             raise RuntimeError(f"KTHROTTLE_ZOOKEEPER_LIBS={override} holds no zookeeper-*.jar")
         return libs
-    if not _POM.is_file():
-        raise RuntimeError(f"cannot fetch the ZooKeeper jars: {_POM} is missing (run from a source checkout)")
-    base = _cache_root() / f"zookeeper-{ZOOKEEPER_VERSION}"
-    libs = base / "libs"
-    marker = base / _MARKER
-    digest = _pom_digest()
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return libs
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and marker.read_text().strip() == digest:
-            return libs
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError(
-                "Apache Maven ('mvn') is not on PATH: it is needed once to fetch the ZooKeeper "
-                f"{ZOOKEEPER_VERSION} jars from Maven Central into {libs} "
-                "(or point KTHROTTLE_ZOOKEEPER_LIBS at a ZooKeeper distribution's lib/ directory)"
-            )
-        marker.unlink(missing_ok=True)
-        partial = base / "libs.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        cmd = [
-            mvn, "-q", "-B", "-f", str(_POM), "dependency:copy-dependencies",
-            f"-DoutputDirectory={partial}", "-DincludeScope=runtime",
-        ]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0 or not any(partial.glob(f"zookeeper-{ZOOKEEPER_VERSION}.jar")):
-            output = (done.stdout + done.stderr).strip()[-4000:]
-            raise RuntimeError(f"fetching the ZooKeeper jars failed ({' '.join(cmd)}):\n{output}")
-        shutil.rmtree(libs, ignore_errors=True)
-        partial.rename(libs)
-        marker.write_text(digest + "\n")
-    return libs
+    return fetch_once(_POM, cache_root() / f"zookeeper-{ZOOKEEPER_VERSION}" / "libs",
+                      what=f"the ZooKeeper {ZOOKEEPER_VERSION} jars",
+                      expect=f"zookeeper-{ZOOKEEPER_VERSION}.jar",
+                      hint="or point KTHROTTLE_ZOOKEEPER_LIBS at a ZooKeeper distribution's lib/ directory")
 
 
 # --------------------------------------------------------------------------------------------- probes

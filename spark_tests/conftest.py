@@ -23,7 +23,7 @@ from tests.integration.proxies import QuotaProxy
 
 from .spark import start_spark
 
-# Kafka's quota.window.num = 3 (of 1 s), as tests/integration/test_quotas.py sets it: the arithmetic is
+# Kafka's quota.window.num = 3 (of 1 s), as tests/integration/conftest.py sets it: the arithmetic is
 # Kafka's either way, but with the default 11 samples a greedy client's rate swings in a sawtooth of
 # ~11 s, longer than these runs; with 3 it settles after ~3 s, so a short run measures the quota itself.
 SETTINGS = "quota_window_num = 3"

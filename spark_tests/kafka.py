@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .spark import wait_for
+from tests.integration.clients import wait_until
 
 Header = tuple[str, bytes | None]
 
@@ -45,7 +45,7 @@ def create_topic(bootstrap: str, prefix: str, partitions: int, **config: str) ->
         found = admin.list_topics(name, timeout=10).topics[name].partitions.values()
         return len(found) == partitions and all(p.leader >= 0 for p in found)
 
-    wait_for(listed, 30, f"{name} in metadata")
+    wait_until(listed, 30, f"{name} in metadata")
     return name
 
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -78,18 +76,6 @@ def await_stop(query: StreamingQuery, timeout: float) -> None:
                              f"last progress: {json.dumps(query.lastProgress)[:2000]}")
     error = query.exception()
     assert error is None, f"query {query.name} failed: {error}"
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll `predicate` until it returns something truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

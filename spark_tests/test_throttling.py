@@ -19,10 +19,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from proxy.local_kafka import LocalKafka
+from tests.integration.clients import wait_until
 from tests.integration.proxies import QuotaProxy
 
 from .kafka import Header, Record, create_topic, produce, read_all
-from .spark import await_stop, batches, kafka_options, steady_rate, triggered_rate, wait_for
+from .spark import await_stop, batches, kafka_options, steady_rate, triggered_rate
 
 VALUE = 10_000  # bytes per record value: rates in rows are rates in bytes
 PARTITIONS = 6
@@ -124,11 +125,11 @@ def test_throttled_tenant_does_not_slow_the_other(spark: SparkSession, spark_pro
     b = start(topic_b, "spark-tenant-b", offered_rows, "1 second")
     a: StreamingQuery | None = None
     try:
-        wait_for(lambda: len(batches(b)) >= 3, 120, "tenant b's first batches")
+        wait_until(lambda: len(batches(b)) >= 3, 120, "tenant b's first batches")
         alone_1 = (time.time(), time.time() + 8)
         time.sleep(8)
         a = start(topic_a, "spark-tenant-a", 30, None)
-        wait_for(lambda: batches(a), 120, "tenant a's first batch")  # type: ignore[arg-type]
+        wait_until(lambda: batches(a), 120, "tenant a's first batch")  # type: ignore[arg-type]
         time.sleep(BURST_S)
         beside = (time.time(), time.time() + 10)
         time.sleep(10)

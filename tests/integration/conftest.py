@@ -14,7 +14,7 @@ import pytest
 
 from proxy.local_kafka import ClassArchive, LocalKafka, ensure_kafka_jars, java_executable, kafka_classpath
 
-from .proxies import RunningProxy
+from .proxies import QuotaProxy, RunningProxy
 
 # Main classes of the Kafka 4.3.1 tools, verified with `unzip -l` on the jars Maven fetches
 # (test_harness.py checks they exist and runs the console ones). Kafka 4 moved most tools from Scala
@@ -134,6 +134,33 @@ def sasl_proxy(kafka_cluster: LocalKafka) -> Iterator[RunningProxy]:
     """`kthrottle run` in front of the cluster's SASL_PLAINTEXT listener."""
     assert kafka_cluster.sasl_bootstrap, "the session cluster was started without SASL"
     running = RunningProxy(kafka_cluster.sasl_bootstrap)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+#: Quota proxies use 3 samples of 1 s: see test_quota_accuracy.py.
+QUOTA_SETTINGS = ("quota_window_num = 3\nproducer_id_quota_window_num = 3\n"
+                  "producer_id_quota_window_size_seconds = 1")
+
+
+@pytest.fixture(scope="module")
+def quota_proxy(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
+    """A proxy with a quota file the test rewrites, one per test module."""
+    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("quota"), QUOTA_SETTINGS)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def sasl_quota_proxy(kafka_cluster: LocalKafka,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
+    """The same in front of the SASL listener."""
+    assert kafka_cluster.sasl_bootstrap
+    running = QuotaProxy(kafka_cluster.sasl_bootstrap, tmp_path_factory.mktemp("sasl-quota"), QUOTA_SETTINGS)
     try:
         yield running
     finally:

@@ -1,10 +1,7 @@
 """Kafka-exact quotas through the proxy, against the real cluster, with real clients at full speed.
 
-The rate-accuracy runs set `quota_window_num = 3`. The algorithm is Kafka's own either way (the
-unit tests pin it with Kafka's default of 11 samples), but with 11 samples a greedy client shows a
-sawtooth of period ~11 s whose amplitude is ~10 s of quota, so a 20 s measurement swings between
-0.85x and 1.15x while the long-run average stays at 1.0x; 3 samples make the period 3 s, so a
-20 s measurement shows the average itself.
+The quota proxies (`quota_proxy`, `sasl_quota_proxy` in conftest.py) use 3 samples of 1 s; see
+test_quota_accuracy.py for why.
 """
 
 from __future__ import annotations
@@ -13,13 +10,12 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.local_kafka import SASL_USERS, LocalKafka
+from proxy.local_kafka import SASL_USERS
 
 from .clients import PARTITIONS, acks0_produce_body, landed_on_partition_0, topic_name, wait_until
 from .proxies import QuotaProxy
@@ -28,28 +24,6 @@ from .quota_runs import RunResult, consume_for, produce_for
 QUOTA = 2_500_000  # bytes per second, as in Kafka's own quota system test
 RUN_S = 30.0
 TENANT_B_RATE = 20_000_000  # bytes per second offered by the unthrottled tenant
-SETTINGS = "quota_window_num = 3\nproducer_id_quota_window_num = 3\nproducer_id_quota_window_size_seconds = 1"
-
-
-@pytest.fixture(scope="module")
-def quota_proxy(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
-    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("quota"), SETTINGS)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture(scope="module")
-def sasl_quota_proxy(kafka_cluster: LocalKafka,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
-    assert kafka_cluster.sasl_bootstrap
-    running = QuotaProxy(kafka_cluster.sasl_bootstrap, tmp_path_factory.mktemp("sasl-quota"), SETTINGS)
-    try:
-        yield running
-    finally:
-        running.stop()
-
 
 def _sasl(user: str, mechanism: str = "PLAIN") -> dict[str, object]:
     return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,

@@ -716,6 +716,18 @@ def test_fetch_over_consumer_quota_is_answered_empty_with_throttle(version: int)
     assert engine.managers[F].buckets[BucketKey(ANONYMOUS, "")].rate.total(3) == 0
 
 
+def test_metrics_see_the_empty_fetch_the_client_got() -> None:
+    """Response bytes per API count what went to the client, not what the broker sent."""
+    seen: list[tuple[int, int, int, float]] = []
+    conn = ProxyConnection(advertise, policy=engine_with({ANON: {F: 10}}),
+                           observer=lambda *exchange: seen.append(exchange))
+    broker_answer = records_fetch_response(1, 12)
+    _, down = exchange(conn, consumer_fetch_request(1), broker_answer, 0, 3)
+    (answer,) = client_frames(down)
+    assert len(answer) < len(broker_answer)
+    assert [(key, size) for key, _, size, _ in seen] == [(ApiKey.FETCH, len(answer))]
+
+
 def test_fetch_within_consumer_quota_is_untouched() -> None:
     engine = engine_with({ANON: {F: 10**6}})
     conn = proxy(engine)

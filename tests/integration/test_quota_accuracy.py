@@ -1,10 +1,7 @@
-"""Issue 3's rate-accuracy acceptance runs: NOT part of `make test`, run with `make acceptance`.
+"""Issue 3's rate-accuracy runs: clients at full speed for 30 s, the rate over the last 20 s
+between 0.9x and 1.05x the quota.
 
-They hold the issue's exact bounds (the last 20 s of a 30 s full-speed run between 0.9x and
-1.05x the quota) and currently do not all meet them; see README "Limits". They stay here,
-runnable and failing, until the proxy meets them, rather than being weakened.
-
-The rate-accuracy runs set `quota_window_num = 3`. The algorithm is Kafka's own either way (the
+The quota proxies set `quota_window_num = 3`. The algorithm is Kafka's own either way (the
 unit tests pin it with Kafka's default of 11 samples), but with 11 samples a greedy client shows a
 sawtooth of period ~11 s whose amplitude is ~10 s of quota, so a 20 s measurement swings between
 0.85x and 1.15x while the long-run average stays at 1.0x; 3 samples make the period 3 s, so a
