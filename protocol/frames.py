@@ -20,55 +20,89 @@ class FrameSplitter:
     """Accumulates bytes and returns every complete frame body (without its size prefix).
 
     A frame of size zero is legal at this level (SASL v0 raw tokens may be empty).
+
+    Bytes of an incomplete frame are kept as the chunks they came in and joined once, when the
+    frame is complete: a 1 MB Produce arriving in 256 KB reads is copied once, not grown in a
+    buffer and copied out again (the bench showed that costing about 1 ms per MB).
     """
 
-    __slots__ = ("_buf", "_max_bytes", "_name")
+    __slots__ = ("_chunks", "_have", "_max_bytes", "_name", "_need")
 
     def __init__(self, max_bytes: int, name: str = "frame") -> None:
-        self._buf = bytearray()
+        self._chunks: list[bytes] = []
+        #: bytes in `_chunks`, and how many the head frame needs (its prefix included; 4 while
+        #: its size is not known yet)
+        self._have = 0
+        self._need = 4
         self._max_bytes = max_bytes
         self._name = name
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
-        return len(self._buf)
+        return self._have
+
+    def _size(self, prefix: bytes) -> int:
+        size = int.from_bytes(prefix, "big", signed=True)
+        if size < 0 or size > self._max_bytes:
+            raise FrameSizeError(f"{self._name} size {size} is outside 0..{self._max_bytes} bytes")
+        return size
 
     def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += data
         frames: list[bytes] = []
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return frames
+            if self._need == 4:  # the head frame's size is known now: start over from the joined bytes
+                data = b"".join(self._chunks)
+            else:
+                # The head frame is complete: join exactly its body, once, and go on with the rest.
+                chunks = self._chunks
+                over = self._have - self._need
+                last = chunks[-1]
+                rest = last[len(last) - over:] if over else b""
+                if over:
+                    chunks[-1] = last[: len(last) - over]
+                chunks[0] = chunks[0][4:]
+                frames.append(b"".join(chunks))
+                data = rest
+            self._chunks = []
+            self._have = 0
+            self._need = 4
         pos = 0
-        end = len(buf)
+        end = len(data)
         while end - pos >= 4:
-            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
-            if size < 0 or size > self._max_bytes:
-                raise FrameSizeError(
-                    f"{self._name} size {size} is outside 0..{self._max_bytes} bytes"
-                )
+            size = self._size(data[pos : pos + 4])
             if end - pos - 4 < size:
+                self._need = 4 + size
                 break
-            pos += 4
-            with memoryview(buf) as view:  # one copy per frame, not two
-                frames.append(bytes(view[pos : pos + size]))
-            pos += size
-        if pos:
-            del buf[:pos]
+            frames.append(data[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+        if pos < end:
+            self._chunks.append(data[pos:] if pos else data)
+            self._have = end - pos
         return frames
-
 
     def partial(self) -> tuple[int, int, bytes] | None:
         """An incomplete frame at the head: its size, the bytes buffered so far, and up to its
-        first 8 bytes (enough for a correlation id). Cheap: it copies at most 8 bytes."""
-        if len(self._buf) < 4:
+        first 8 bytes (enough for a correlation id). Cheap: it copies at most 12 bytes."""
+        if self._have < 4:
             return None
-        size = int.from_bytes(self._buf[0:4], "big", signed=True)
-        return size, len(self._buf) - 4, bytes(self._buf[4:12])
+        head = b""
+        for chunk in self._chunks:
+            head += chunk[: 12 - len(head)]
+            if len(head) >= 12:
+                break
+        return self._size(head[:4]), self._have - 4, head[4:12]
 
     def take_partial(self) -> bytes:
         """The buffered part of a head frame whose rest will pass through unbuffered."""
-        head = bytes(self._buf[4:])
-        self._buf.clear()
+        head = b"".join(self._chunks)[4:]
+        self._chunks = []
+        self._have = 0
+        self._need = 4
         return head
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -124,3 +125,20 @@ def test_frame_size_error_is_a_protocol_error() -> None:
 def test_limits() -> None:
     assert DEFAULT_MAX_REQUEST_BYTES == 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
     assert MAX_RESPONSE_BYTES == 2**31 - 1
+
+
+def test_random_chunking_of_large_and_small_frames() -> None:
+    """Large frames arrive over many reads, with the next frames' bytes behind them in the last one."""
+    rng = random.Random(7)
+    payloads = [rng.randbytes(rng.choice([0, 1, 3, 100, 70_000, 300_000])) for _ in range(60)]
+    stream = b"".join(frame(p) for p in payloads)
+    for _ in range(20):
+        splitter = FrameSplitter(DEFAULT_MAX_REQUEST_BYTES)
+        got: list[bytes] = []
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice([1, 2, 5, 4096, 65_536, 262_144])
+            got += splitter.feed(stream[pos : pos + step])
+            pos += step
+        assert got == payloads
+        assert splitter.buffered == 0
