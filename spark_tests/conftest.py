@@ -44,8 +44,5 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def spark_proxy(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
     """`kthrottle run` with a quota file and metrics, in front of the cluster's PLAINTEXT listener."""
-    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("spark-proxy"), SETTINGS)
-    try:
+    with QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("spark-proxy"), SETTINGS) as running:
         yield running
-    finally:
-        running.stop()

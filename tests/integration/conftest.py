@@ -121,23 +121,17 @@ def kafka_java(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture(scope="session")
 def proxy(kafka_cluster: LocalKafka) -> Iterator[RunningProxy]:
     """`kthrottle run` in front of the cluster's PLAINTEXT listener, for the whole session."""
-    running = RunningProxy(kafka_cluster.bootstrap)
-    try:
+    with RunningProxy(kafka_cluster.bootstrap) as running:
         yield running
-    finally:
-        running.stop()
-        assert running.process.returncode == 0, f"the proxy exited with {running.process.returncode}"
+    assert running.process.returncode == 0, f"the proxy exited with {running.process.returncode}"
 
 
 @pytest.fixture(scope="session")
 def sasl_proxy(kafka_cluster: LocalKafka) -> Iterator[RunningProxy]:
     """`kthrottle run` in front of the cluster's SASL_PLAINTEXT listener."""
     assert kafka_cluster.sasl_bootstrap, "the session cluster was started without SASL"
-    running = RunningProxy(kafka_cluster.sasl_bootstrap)
-    try:
+    with RunningProxy(kafka_cluster.sasl_bootstrap) as running:
         yield running
-    finally:
-        running.stop()
 
 
 #: Quota proxies use 3 samples of 1 s: see test_quota_accuracy.py.
@@ -148,11 +142,8 @@ QUOTA_SETTINGS = ("quota_window_num = 3\nproducer_id_quota_window_num = 3\n"
 @pytest.fixture(scope="module")
 def quota_proxy(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
     """A proxy with a quota file the test rewrites, one per test module."""
-    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("quota"), QUOTA_SETTINGS)
-    try:
+    with QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("quota"), QUOTA_SETTINGS) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +151,6 @@ def sasl_quota_proxy(kafka_cluster: LocalKafka,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
     """The same in front of the SASL listener."""
     assert kafka_cluster.sasl_bootstrap
-    running = QuotaProxy(kafka_cluster.sasl_bootstrap, tmp_path_factory.mktemp("sasl-quota"), QUOTA_SETTINGS)
-    try:
+    workdir = tmp_path_factory.mktemp("sasl-quota")
+    with QuotaProxy(kafka_cluster.sasl_bootstrap, workdir, QUOTA_SETTINGS) as running:
         yield running
-    finally:
-        running.stop()

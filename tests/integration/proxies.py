@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,6 +80,12 @@ class RunningProxy:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.process.poll() is None:

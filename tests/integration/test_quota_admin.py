@@ -28,11 +28,8 @@ ADMIN_SETTINGS = 'quota_admins = ["User:ANONYMOUS"]\nquota_window_num = 5'
 @pytest.fixture(scope="module")
 def admin_proxy(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaProxy]:
     """A plaintext proxy whose (anonymous) clients are quota admins, with a quota file."""
-    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("admin"), ADMIN_SETTINGS)
-    try:
+    with QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("admin"), ADMIN_SETTINGS) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +38,10 @@ def sasl_admin_proxy(
 ) -> Iterator[QuotaProxy]:
     """A proxy in front of the SASL listener where only User:admin may change quotas."""
     assert kafka_cluster.sasl_bootstrap
-    running = QuotaProxy(
+    with QuotaProxy(
         kafka_cluster.sasl_bootstrap, tmp_path_factory.mktemp("sasl-admin"), 'quota_admins = ["User:admin"]'
-    )
-    try:
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def configs(java: KafkaJava, bootstrap: str, *args: str, command_config: Path | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from typing import Any
 
 import pytest
 from kafka.protocol.consumer import FetchResponse
@@ -76,24 +77,18 @@ def fetch_body(rng: random.Random, version: int, endpoints: bool) -> bytes:
                 responses=topics, **extra)
 
 
-@pytest.mark.parametrize("version", [10, 11, 12, 13])
-def test_produce_response_skim_agrees_with_the_decoder(version: int) -> None:
+CASES = [(ProduceResponse, produce_body, produce_response_has_tags, v) for v in (10, 11, 12, 13)] + [
+    (FetchResponse, fetch_body, fetch_response_has_tags, v) for v in (16, 17, 18)]
+
+
+@pytest.mark.parametrize(("cls", "build", "skim", "version"), CASES)
+def test_the_skim_agrees_with_the_decoder(cls: Any, build: Any, skim: Any, version: int) -> None:
     rng = random.Random(version)
     for _ in range(200):
         endpoints = rng.random() < 0.5
-        data = produce_body(rng, version, endpoints)
-        assert bool(ProduceResponse.decode(data, version=version).node_endpoints) is endpoints
-        assert produce_response_has_tags(data, 0, version) is endpoints
-
-
-@pytest.mark.parametrize("version", [16, 17, 18])
-def test_fetch_response_skim_agrees_with_the_decoder(version: int) -> None:
-    rng = random.Random(version)
-    for _ in range(200):
-        endpoints = rng.random() < 0.5
-        data = fetch_body(rng, version, endpoints)
-        assert bool(FetchResponse.decode(data, version=version).node_endpoints) is endpoints
-        assert fetch_response_has_tags(data, 0, version) is endpoints
+        data = build(rng, version, endpoints)
+        assert bool(cls.decode(data, version=version).node_endpoints) is endpoints
+        assert skim(data, 0, version) is endpoints
 
 
 def test_an_unknown_top_level_tag_counts() -> None:
