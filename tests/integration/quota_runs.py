@@ -48,9 +48,10 @@ def _slope(points: list[tuple[float, float]]) -> float:
     A greedy client under Kafka's quota algorithm moves in a sawtooth with a period of about
     `quota_window_num` windows (3 s here), decaying over its first minute. The bytes between a
     span's first and last events depend on where in that sawtooth the two ends fall: replaying a
-    greedy producer on three connections through the engine, the last 20 s of 30 s came out at
-    0.99-1.05x the quota that way and at 0.97-1.02x as the slope of a line fitted to the whole
-    cumulative curve, which does not hang on the ends.
+    greedy producer on three connections through the engine (tests/unit/test_quota_dynamics.py),
+    the last 20 s of 30 s came out at 0.99-1.05x the quota that way (median 1.05x) and at
+    0.96-1.02x as the slope of a line fitted to the whole cumulative curve, which does not hang on
+    the ends.
     """
     n = len(points)
     mean_t = sum(t for t, _ in points) / n
