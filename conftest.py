@@ -25,3 +25,15 @@ def kafka_cluster() -> Iterator[LocalKafka]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures the rate runs measured (tests/integration/quota_runs.py), after the results."""
+    import sys
+
+    runs = sys.modules.get("tests.integration.quota_runs")
+    figures = getattr(runs, "FIGURES", [])
+    if figures:
+        terminalreporter.section("figures measured by the rate runs")
+        for line in figures:
+            terminalreporter.write_line(line)

@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
+#: Figures the rate runs measured, printed at the end of the test session (conftest.py), so a
+#: `make test` log shows them without -s.
+FIGURES: list[str] = []
+
+
+def report(line: str) -> None:
+    """Print a measured figure now (with -s) and in the session's summary."""
+    print(line)
+    FIGURES.append(line)
+
 
 @dataclass
 class RunResult:

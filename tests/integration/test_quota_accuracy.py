@@ -19,7 +19,7 @@ from pathlib import Path
 from proxy.local_kafka import SASL_USERS
 from tests.integration.conftest import JAVA_PRODUCER_PERF, KafkaJava
 from tests.integration.proxies import QuotaProxy
-from tests.integration.quota_runs import RunResult, consume_for, produce_for
+from tests.integration.quota_runs import RunResult, consume_for, produce_for, report
 from tests.integration.test_quotas import QUOTA, RUN_S, _assert_rate, _end_offsets, _fill, _sasl, _topic
 
 #: Consumer runs read a topic written in record batches of at most 16 KiB (the Java producer's
@@ -126,7 +126,7 @@ def test_producer_byte_rate_on_user_sasl_java(sasl_quota_proxy: QuotaProxy, kafk
     def at(second: float) -> int:
         return max((n for t, n in landed if t - started <= second), default=0)
     rate = (at(RUN_S) - at(RUN_S - 20)) * 10_000 / 20
-    print(f"Java perf producer as alice: quota {QUOTA:,} B/s, measured {rate:,.0f} B/s over 10-30 s")
+    report(f"Java perf producer as alice: quota {QUOTA:,} B/s, measured {rate:,.0f} B/s over 10-30 s")
     assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA
     assert _end_offsets(sasl_quota_proxy.bootstrap, topic, **_sasl("admin")) == records
     throttle_max = re.search(
@@ -154,7 +154,7 @@ def _assert_consumer_rate(proxy: QuotaProxy, prefix: str, what: str, labels: dic
     assert not result.errors, result.errors[:3]
     received = result.received_rate(RUN_S - 20, RUN_S)
     values = result.rate(RUN_S - 20, RUN_S)
-    print(f"{what}: quota {QUOTA:,.0f} B/s, received {received:,.0f} B/s over the last 20 s "
+    report(f"{what}: quota {QUOTA:,.0f} B/s, received {received:,.0f} B/s over the last 20 s "
           f"({received / QUOTA:.3f}x; record values {values / QUOTA:.3f}x)")
     assert 0.9 * QUOTA <= received <= 1.05 * QUOTA, f"{what}: {received:,.0f} B/s against {QUOTA:,.0f}"
     assert offsets and result.records < total
@@ -204,7 +204,7 @@ def test_raising_and_deleting_an_override_live(quota_proxy: QuotaProxy) -> None:
     before = result.rate(raised - 6, raised)
     lifted = result.rate(raised + 3, deleted)  # one window (3 s) after the change
     restored = result.rate(deleted + 1, 36)
-    print(f"live change: {before:,.0f} B/s throttled, {lifted:,.0f} B/s raised, {restored:,.0f} B/s default")
+    report(f"live change: {before:,.0f} B/s throttled, {lifted:,.0f} B/s raised, {restored:,.0f} B/s default")
     assert before <= 1.3 * QUOTA
     # Well past the old quota: how far depends on the machine (25 MB/s alone, 7.3 MB/s in one run
     # right after the consumer runs), with 4x the quota as the bound once the burst is spent.

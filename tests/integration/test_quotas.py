@@ -19,7 +19,7 @@ from proxy.local_kafka import SASL_USERS
 
 from .clients import PARTITIONS, acks0_produce_body, landed_on_partition_0, topic_name, wait_until
 from .proxies import QuotaProxy
-from .quota_runs import RunResult, consume_for, produce_for
+from .quota_runs import RunResult, consume_for, produce_for, report
 
 QUOTA = 2_500_000  # bytes per second, as in Kafka's own quota system test
 RUN_S = 30.0
@@ -51,7 +51,7 @@ def _end_offsets(bootstrap: str, topic: str, **config: object) -> int:
 
 def _assert_rate(result: RunResult, quota: float, what: str) -> float:
     rate = result.rate(RUN_S - 20, RUN_S)
-    print(f"{what}: quota {quota:,.0f} B/s, measured {rate:,.0f} B/s over the last 20 s "
+    report(f"{what}: quota {quota:,.0f} B/s, measured {rate:,.0f} B/s over the last 20 s "
           f"({rate / quota:.3f}x)")
     assert 0.9 * quota <= rate <= 1.05 * quota, f"{what}: {rate:,.0f} B/s against a quota of {quota:,.0f}"
     return rate
@@ -120,7 +120,7 @@ def test_throttled_tenant_does_not_slow_the_other(quota_proxy: QuotaProxy) -> No
     thread.join(120)
     alone.append(tenant_b())
     mean_alone, mean_together = sum(alone) / 2, sum(together) / 2
-    print(f"tenant b alone {[f'{r:,.0f}' for r in alone]} B/s, beside a throttled tenant "
+    report(f"tenant b alone {[f'{r:,.0f}' for r in alone]} B/s, beside a throttled tenant "
           f"{[f'{r:,.0f}' for r in together]} B/s ({mean_together / mean_alone:.2f}x); "
           f"tenant a {results['a'].rate(2, 16):,.0f} B/s")
     assert mean_alone >= 0.9 * TENANT_B_RATE, "tenant b did not get its offered rate even alone"
@@ -178,7 +178,7 @@ def test_request_percentage_throttles_a_flood(quota_proxy: QuotaProxy, api: str)
 
     throttles = _raw_requests(port, build, 3000, 20)
     throttled = [t for t in throttles if t > 0]
-    print(f"{api} flood: {len(throttles)} requests, {len(throttled)} throttled, max {max(throttles)} ms")
+    report(f"{api} flood: {len(throttles)} requests, {len(throttled)} throttled, max {max(throttles)} ms")
     assert throttled, "a 1% request quota never throttled a flood"
     assert max(throttles) <= 1000, "a request-quota throttle exceeded one window"
     assert quota_proxy.metric("kthrottle_throttles_total", quota="request_percentage", user="",
@@ -209,7 +209,7 @@ def test_producer_ids_rate_holds_an_idempotent_storm(sasl_quota_proxy: QuotaProx
     assert not failures, failures
     elapsed = time.monotonic() - started
     achieved = storm / elapsed
-    print(f"{storm} short-lived idempotent producers of bob: {achieved:.1f} new PIDs/s (quota {rate}/s)")
+    report(f"{storm} short-lived idempotent producers of bob: {achieved:.1f} new PIDs/s (quota {rate}/s)")
     assert sasl_quota_proxy.metric("kthrottle_throttles_total", quota="producer_ids_rate", user="bob",
                                    client_id="") > 0
     # 3 windows of 1 s: a new user may burst 2 s of quota, then is held to the rate.
