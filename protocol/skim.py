@@ -19,9 +19,9 @@ from .headers import read_uvarint, skip_tagged_fields
 BATCH_PRODUCER_ID = 43
 BATCH_MAGIC = 16
 BATCH_HEADER = 61
-#: Produce v9 and Fetch v12 are the first flexible versions (compact strings, tagged fields).
+#: Produce v9 is the first flexible version (compact strings, tagged fields). The response skims
+#: serve only versions that can carry NodeEndpoints (Produce v10+, Fetch v16+), all flexible.
 PRODUCE_FIRST_FLEXIBLE = 9
-FETCH_FIRST_FLEXIBLE = 12
 #: From these versions topics are named by id (a 16-byte uuid), not by name.
 PRODUCE_FIRST_TOPIC_ID = 13
 FETCH_FIRST_TOPIC_ID = 13
