@@ -22,21 +22,20 @@ from .addresses import Address, Advertise, needs_rewrite, rewrite_addresses
 from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions, unsupported_version_response
 from .apis import KNOWN_APIS, ApiKey, api_name
 from .client_quotas import QUOTA_ADMIN_APIS, QuotaAdminRequest, decode_quota_admin_request
-from .errors import MalformedBody, MalformedHeader, ProtocolError, UnsupportedVersion
+from .errors import MalformedBody, ProtocolError, UnsupportedVersion
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
     RequestHeader,
     parse_request_header,
-    read_uvarint,
     response_body_offset,
     response_correlation_id,
 )
 from .sasl import ANONYMOUS, RAW_SASL_MECHANISMS, SaslExchange
+from .skim import produce_acks, produce_producer_ids
 from .throttling import (
     cap_fetch_bytes,
     empty_fetch_response,
     fetch_max_wait_ms,
-    produce_producer_ids,
     read_throttle,
     set_throttle,
 )
@@ -185,24 +184,6 @@ class InFlight:
 
 def _size(n: int) -> bytes:
     return n.to_bytes(4, "big")
-
-
-def produce_acks(frame: bytes, header: RequestHeader) -> int:
-    """The `acks` of a Produce request: it follows the transactional id (v3+)."""
-    pos = header.body_offset
-    try:
-        if header.api_version >= 3:
-            if KNOWN_APIS[ApiKey.PRODUCE].is_flexible(header.api_version):
-                length_plus_one, pos = read_uvarint(frame, pos)
-                pos += max(length_plus_one - 1, 0)
-            else:
-                length = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
-                pos += 2 + max(length, 0)
-        if pos + 2 > len(frame):
-            raise MalformedBody(f"Produce v{header.api_version} request is truncated before acks")
-        return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
-    except MalformedHeader as exc:
-        raise MalformedBody(f"Produce v{header.api_version} request: {exc}") from exc
 
 
 class ProxyConnection:
@@ -655,5 +636,5 @@ class ProxyConnection:
 
 __all__ = [
     "Action", "Authenticated", "BrokersSeen", "Close", "InFlight", "Mute",
-    "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient", "produce_acks",
+    "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient",
 ]

@@ -1,5 +1,8 @@
 """Hand-written readers that skim a Produce or Fetch body for one fact without decoding it.
 
+A Produce request's `acks` and producer ids; whether a Produce or Fetch response carries KIP-951
+NodeEndpoints.
+
 The bench showed the generic decoders on the per-request path: decoding every Produce request
 to read its producer ids, and every Produce v10+ / Fetch v16+ response to learn that it carries
 no KIP-951 NodeEndpoints, cost more than the proxy's whole forwarding work for a small record.
@@ -11,8 +14,10 @@ copied) and follow the field order of Kafka's JSON schemas (`ProduceRequest.json
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .errors import MalformedBody, MalformedHeader
-from .headers import read_uvarint, skip_tagged_fields
+from .headers import RequestHeader, read_uvarint, skip_tagged_fields
 
 #: Offset of `producerId` in a v2 record batch header (base offset 8, length 4, leader epoch 4,
 #: magic 1, crc 4, attributes 2, last offset delta 4, first and max timestamps 8 + 8).
@@ -69,31 +74,58 @@ def _batch_producer_ids(buf: bytes, pos: int, end: int, found: list[int]) -> Non
         pos += 12 + length
 
 
-def produce_request_producer_ids(frame: bytes, body_offset: int, version: int) -> list[int]:
-    """Producer ids of the v2 record batches in a Produce request body starting at `body_offset`."""
+def _skip_topics(frame: bytes, pos: int, flexible: bool, topic_id: bool,
+                 skip_partition: Callable[[bytes, int], int]) -> int:
+    """Position after a topics array: each a name (or a 16-byte id), then partitions, each
+    stepped over by `skip_partition`; tagged fields close partitions and topics when flexible."""
+    topics, pos = _count(frame, pos, flexible)
+    for _ in range(topics):
+        pos = pos + _UUID if topic_id else _skip_string(frame, pos, flexible)
+        partitions, pos = _count(frame, pos, flexible)
+        for _ in range(partitions):
+            pos = skip_partition(frame, pos)
+            if flexible:
+                pos = skip_tagged_fields(frame, pos)
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+    return pos
+
+
+def produce_acks(frame: bytes, header: RequestHeader) -> int:
+    """The `acks` of a Produce request: it follows the transactional id (v3+)."""
+    version = header.api_version
+    pos = header.body_offset
+    try:
+        if version >= 3:
+            pos = _skip_string(frame, pos, version >= PRODUCE_FIRST_FLEXIBLE)
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Produce v{version} request: {exc}") from exc
+    if pos + 2 > len(frame):
+        raise MalformedBody(f"Produce v{version} request is truncated before acks")
+    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
+def produce_producer_ids(frame: bytes, header: RequestHeader) -> list[int]:
+    """Producer ids of the v2 record batches in a Produce request (idempotent/transactional only)."""
+    version = header.api_version
     if version < 3:  # before v3 batches may be magic 0/1, which have no producer id
         return []
     flexible = version >= PRODUCE_FIRST_FLEXIBLE
     found: list[int] = []
+
+    def partition(frame: bytes, pos: int) -> int:
+        size, pos = _length(frame, pos + 4, flexible, 4)  # after the partition index
+        if size <= 0:
+            return pos
+        end = pos + size
+        if end > len(frame):
+            raise MalformedHeader(f"records of {size} bytes run past the end")
+        _batch_producer_ids(frame, pos, end, found)
+        return end
+
     try:
-        pos = _skip_string(frame, body_offset, flexible)  # transactional id
-        pos += 6  # acks, timeout
-        topics, pos = _count(frame, pos, flexible)
-        for _ in range(topics):
-            pos = pos + _UUID if version >= PRODUCE_FIRST_TOPIC_ID else _skip_string(frame, pos, flexible)
-            partitions, pos = _count(frame, pos, flexible)
-            for _ in range(partitions):
-                size, pos = _length(frame, pos + 4, flexible, 4)  # after the partition index
-                if size > 0:
-                    end = pos + size
-                    if end > len(frame):
-                        raise MalformedHeader(f"records of {size} bytes run past the end")
-                    _batch_producer_ids(frame, pos, end, found)
-                    pos = end
-                if flexible:
-                    pos = skip_tagged_fields(frame, pos)
-            if flexible:
-                pos = skip_tagged_fields(frame, pos)
+        pos = _skip_string(frame, header.body_offset, flexible) + 6  # transactional id, acks, timeout
+        pos = _skip_topics(frame, pos, flexible, version >= PRODUCE_FIRST_TOPIC_ID, partition)
         if flexible:
             pos = skip_tagged_fields(frame, pos)
         if pos > len(frame):
@@ -111,21 +143,28 @@ def _top_level_tags(frame: bytes, pos: int, what: str) -> bool:
     return count > 0
 
 
+def _produce_partition(frame: bytes, pos: int) -> int:
+    """Index, error code, base offset, log append time, log start offset, record errors, message."""
+    errors, pos = _count(frame, pos + 30, True)
+    for _ in range(errors):
+        pos = skip_tagged_fields(frame, _skip_string(frame, pos + 4, True))
+    return _skip_string(frame, pos, True)
+
+
+def _fetch_partition(frame: bytes, pos: int) -> int:
+    """Index, error code, high watermark, last stable offset, log start offset, aborted
+    transactions, preferred read replica, records."""
+    aborted, pos = _count(frame, pos + 30, True)
+    for _ in range(aborted):
+        pos = skip_tagged_fields(frame, pos + 16)
+    size, pos = _length(frame, pos + 4, True, 4)
+    return pos + max(size, 0)
+
+
 def produce_response_has_tags(frame: bytes, body_offset: int, version: int) -> bool:
     """Whether a flexible Produce response carries top-level tagged fields (NodeEndpoints, v10+)."""
     try:
-        pos = body_offset
-        topics, pos = _count(frame, pos, True)
-        for _ in range(topics):
-            pos = pos + _UUID if version >= PRODUCE_FIRST_TOPIC_ID else _skip_string(frame, pos, True)
-            partitions, pos = _count(frame, pos, True)
-            for _ in range(partitions):
-                # index, error code, base offset, log append time, log start offset
-                errors, pos = _count(frame, pos + 30, True)
-                for _ in range(errors):
-                    pos = skip_tagged_fields(frame, _skip_string(frame, pos + 4, True))
-                pos = skip_tagged_fields(frame, _skip_string(frame, pos, True))  # error message
-            pos = skip_tagged_fields(frame, pos)
+        pos = _skip_topics(frame, body_offset, True, version >= PRODUCE_FIRST_TOPIC_ID, _produce_partition)
         return _top_level_tags(frame, pos + 4, "response")  # after throttle_time_ms
     except MalformedHeader as exc:
         raise MalformedBody(f"Produce v{version} response does not parse: {exc}") from exc
@@ -135,18 +174,7 @@ def fetch_response_has_tags(frame: bytes, body_offset: int, version: int) -> boo
     """Whether a flexible Fetch response carries top-level tagged fields (NodeEndpoints, v16+)."""
     try:
         pos = body_offset + 10  # throttle time, error code, session id
-        topics, pos = _count(frame, pos, True)
-        for _ in range(topics):
-            pos = pos + _UUID if version >= FETCH_FIRST_TOPIC_ID else _skip_string(frame, pos, True)
-            partitions, pos = _count(frame, pos, True)
-            for _ in range(partitions):
-                # index, error code, high watermark, last stable offset, log start offset
-                aborted, pos = _count(frame, pos + 30, True)
-                for _ in range(aborted):
-                    pos = skip_tagged_fields(frame, pos + 16)
-                size, pos = _length(frame, pos + 4, True, 4)  # after the preferred read replica
-                pos = skip_tagged_fields(frame, pos + max(size, 0))
-            pos = skip_tagged_fields(frame, pos)
+        pos = _skip_topics(frame, pos, True, version >= FETCH_FIRST_TOPIC_ID, _fetch_partition)
         return _top_level_tags(frame, pos, "response")
     except MalformedHeader as exc:
         raise MalformedBody(f"Fetch v{version} response does not parse: {exc}") from exc

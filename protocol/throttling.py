@@ -1,4 +1,4 @@
-"""Body edits that throttling needs: the throttle field, Fetch sizes and records, producer ids.
+"""Body edits that throttling needs: the throttle field, Fetch sizes and records.
 
 Where a response's `throttle_time_ms` is its first field (almost every API) it is read and
 patched in place at the body offset. Produce, ApiVersions and OffsetDelete keep it further in,
@@ -16,7 +16,6 @@ from kafka.protocol.schemas import BaseField
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
 from .headers import RequestHeader
-from .skim import produce_request_producer_ids
 
 _INT32 = 2**31 - 1
 
@@ -114,8 +113,3 @@ def cap_fetch_bytes(frame: bytes, header: RequestHeader, cap: int) -> bytes:
         return frame
     return (frame[: pos + 4] + new_min.to_bytes(4, "big", signed=True)
             + new_max.to_bytes(4, "big", signed=True) + frame[pos + 12 :])
-
-
-def produce_producer_ids(frame: bytes, header: RequestHeader) -> list[int]:
-    """Producer ids of the v2 record batches in a Produce request (idempotent/transactional only)."""
-    return produce_request_producer_ids(frame, header.body_offset, header.api_version)

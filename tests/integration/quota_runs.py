@@ -32,7 +32,7 @@ class RunResult:
     received: list[tuple[float, int]] = field(default_factory=list)
 
     def rate(self, start_s: float, end_s: float) -> float:
-        """Payload bytes per second between `start_s` and `end_s` after the start (see `_slope`)."""
+        """Payload bytes per second between `start_s` and `end_s` after the start (see `slope`)."""
         lo, hi = self.started + start_s, self.started + end_s
         total = 0
         points = []
@@ -41,7 +41,7 @@ class RunResult:
             points.append((at, total))
         if len(points) < 2 or points[-1][0] - points[0][0] < (end_s - start_s) / 2:
             return total / (end_s - start_s)  # too few events for a slope: all there is, over the span
-        return _slope(points)
+        return slope(points)
 
     def received_rate(self, start_s: float, end_s: float) -> float:
         """Bytes per second the consumer received between `start_s` and `end_s` after the start."""
@@ -49,10 +49,10 @@ class RunResult:
         inside = [(at, float(total)) for at, total in self.received if lo <= at <= hi]
         if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end_s - start_s) / 2:
             raise AssertionError(f"too few client statistics between {start_s} s and {end_s} s: {inside}")
-        return _slope(inside)
+        return slope(inside)
 
 
-def _slope(points: list[tuple[float, float]]) -> float:
+def slope(points: list[tuple[float, float]]) -> float:
     """The least-squares slope of (time, bytes so far): the rate over the span, from every point.
 
     A greedy client under Kafka's quota algorithm moves in a sawtooth with a period of about

@@ -26,8 +26,8 @@ from tests.integration.test_quotas import QUOTA, RUN_S, _assert_rate, _end_offse
 #: default `batch.size`) with 64 KiB per partition per fetch, so one fetch response is about 5 %
 #: of a second of this quota. A fetch quota is granted a whole response at a time, and a throttled
 #: response's bytes count in the throttle it reports though they are not sent (Kafka's fetch
-#: handling): with librdkafka's default 1 MB batches and fetch sizes, each response is 0.8 s of
-#: quota and the rate over 20 s settled at 0.77-0.87x, as Kafka's algorithm gives (README "Limits").
+#: handling): with librdkafka's default 1 MiB per partition, each response is 0.8 s of quota and
+#: the rate over 20 s came out at 0.77-0.93x in record values (README "Limits").
 FILL_BATCH_BYTES = 16_384
 FETCH_PARTITION_BYTES = 65_536
 

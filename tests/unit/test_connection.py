@@ -25,11 +25,12 @@ from kafka.protocol.sasl import (
 
 from protocol.api_versions import UNSUPPORTED_VERSION
 from protocol.apis import KNOWN_APIS, ApiKey
-from protocol.connection import BrokersSeen, Close, ProxyConnection, ToBroker, ToClient, produce_acks
+from protocol.connection import BrokersSeen, Close, ProxyConnection, ToBroker, ToClient
 from protocol.errors import MalformedBody
 from protocol.frames import frame
 from protocol.headers import encode_request_header, encode_response_header, parse_request_header
 from protocol.sasl import ANONYMOUS
+from protocol.skim import produce_acks
 
 from .wire import (
     advertise,

@@ -18,7 +18,7 @@ from quotas.engine import EngineConfig, QuotaEngine
 from quotas.entity import QuotaEntity
 from quotas.rate import WindowConfig
 from quotas.types import QuotaType
-from tests.integration.quota_runs import _slope
+from tests.integration.quota_runs import slope
 
 QUOTA = 2_500_000.0
 CONNECTIONS = 3
@@ -67,7 +67,7 @@ def last_20_of_30(delivered: list[tuple[float, int]]) -> tuple[float, float]:
     for at, size in inside:
         total += size
         points.append((at, float(total)))
-    return total / 20 / QUOTA, _slope(points) / QUOTA
+    return total / 20 / QUOTA, slope(points) / QUOTA
 
 
 @pytest.mark.parametrize("size", [256_000, 1_000_000])

@@ -24,19 +24,18 @@ from protocol.errors import MalformedBody
 from protocol.frames import FrameSplitter, frame
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.sasl import ANONYMOUS
+from protocol.skim import produce_producer_ids
 from protocol.throttling import (
     ThrottleField,
     cap_fetch_bytes,
     empty_fetch_response,
     fetch_max_wait_ms,
-    produce_producer_ids,
     read_throttle,
     set_throttle,
     throttle_field,
 )
 from quotas.engine import EngineConfig, QuotaEngine, QuotaTable
 from quotas.entity import DEFAULT, BucketKey, QuotaEntity
-from quotas.manager import HOLD_HEAD_START_MS
 from quotas.rate import WindowConfig
 from quotas.types import QuotaType
 
@@ -900,9 +899,11 @@ def test_connections_held_by_a_shared_bucket_take_turns() -> None:
     waiting = held.receive_from_client(frame(acks_request(2, acks=1)), now_ms=1)
     assert to_broker(waiting) == b""
     (hold,) = of_type(waiting, Mute)
-    # the held one is woken first, HOLD_HEAD_START_MS before the throttle it waits for ends...
-    assert 1 + hold.ms == mute.ms - HOLD_HEAD_START_MS
-    assert HOLD_HEAD_START_MS > 0
+    # Kafka's throttle for the first request (its bytes over a new client's padded 10 s window)...
+    expected = kafka_throttle(len(acks_request(1, acks=1)) / 10, 10)
+    assert mute.ms == expected
+    # ...and the held one, 1 ms later, is woken 1 ms (HOLD_HEAD_START_MS) before that throttle ends
+    assert hold.ms == expected - 1 - 1
     resumed = held.resume(now_ms=1 + hold.ms)
     assert request_ids(resumed) == [2]  # ...and goes on
     later = winner.receive_from_client(frame(acks_request(3, acks=1)), now_ms=mute.ms)
