@@ -47,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.local_kafka import KAFKA_VERSION, LocalKafka
 from tests.integration.proxies import RunningProxy
 
-from . import cpu, latency, memory
+from . import cpu, latency, memory, relay_floor
 
 PARTITIONS = 6
 REPLICATION_FACTOR = 1
@@ -56,6 +56,7 @@ KEY_BYTES = 8
 MB = 1_000_000
 #: Targets are printed next to the figures for the reader; nothing checks them.
 PRODUCE_RATIO_TARGET = 0.85
+CONSUME_RATIO_TARGET = 0.85
 ADDED_P50_TARGET_US = 150.0
 #: Upper bounds that turn a hang into an error: no step on a healthy machine comes close.
 RUN_TIME_LIMIT_S = 120.0
@@ -130,6 +131,13 @@ class Comparison:
         """A proxy's CPU cost per MB moved: comparable across machines, unlike the ratio."""
         costs = [1000 * r.proxy_cpu_s / (r.payload_bytes / MB)
                  for r in self._runs(path) if r.proxy_cpu_s is not None]
+        return statistics.median(costs) if costs else None
+
+    def machine_ms_per_mb(self, path: str) -> float | None:
+        """CPU the whole machine spent per MB on this path (every process and the kernel)."""
+        cores = os.cpu_count() or 1
+        costs = [1000 * r.machine_busy * cores * r.seconds / (r.payload_bytes / MB)
+                 for r in self._runs(path) if r.machine_busy is not None]
         return statistics.median(costs) if costs else None
 
     def proxy_faults_per_mb(self, path: str) -> float | None:
@@ -563,14 +571,36 @@ def _latency_lines(lat: dict[int, LatencyByPath]) -> list[str]:
     return lines
 
 
+def _ceiling_lines(comps: list[Comparison], floor: relay_floor.RelayFloor | None) -> list[str]:
+    """The machine's CPU per MB on each path, and the ratio no proxy could beat were it CPU-bound."""
+    lines = []
+    if floor is not None:
+        lines.append(f"one more TCP hop (a bare uvloop relay, bench/relay_floor.py) costs this machine "
+                     f"{floor.hop_ms_per_mb:.2f} ms of CPU per MB ({floor.direct_ms_per_mb:.2f} direct, "
+                     f"{floor.relayed_ms_per_mb:.2f} relayed)")
+    for comp in comps:
+        costs = {path: comp.machine_ms_per_mb(path) for path in PATHS}
+        direct = costs["direct"]
+        if direct is None:
+            continue
+        line = f"{comp.name} machine CPU per MB  " + "   ".join(
+            f"{path} {cost:.2f} ms" for path, cost in costs.items() if cost is not None)
+        if floor is not None:
+            line += (f"   (with every core busy, even a bare relay would reach only "
+                     f"{direct / (direct + floor.hop_ms_per_mb):.2f}x direct)")
+        lines.append(line)
+    return lines
+
+
 def summary(produced: Comparison, consumed: Comparison, lat: dict[int, LatencyByPath], brokers: int,
-            quotas: QuotaState, mem: memory.MemoryReport, machine: str) -> str:
+            quotas: QuotaState, mem: memory.MemoryReport, machine: str,
+            floor: relay_floor.RelayFloor | None = None) -> str:
     """The block people paste into issues: medians, ratios, targets, memory."""
     rounds = len(produced.runs) // len(PATHS)
     lines = [f"kthrottle bench (Kafka {KAFKA_VERSION}, {brokers} brokers, this machine: "
              f"{os.cpu_count()} cores; medians of {rounds} runs per path, MB = 10^6 bytes)", machine]
     lines += _throughput_lines(produced, PRODUCE_RATIO_TARGET)
-    lines += _throughput_lines(consumed, None)
+    lines += _throughput_lines(consumed, CONSUME_RATIO_TARGET)
     lines += _latency_lines(lat)
     costs = []
     for comp in (produced, consumed):
@@ -581,6 +611,7 @@ def summary(produced: Comparison, consumed: Comparison, lat: dict[int, LatencyBy
                              "page faults)")
     if costs:
         lines.append("proxy CPU per MB  " + "   ".join(costs))
+    lines += _ceiling_lines([produced, consumed], floor)
     lines.append(quotas.line())
     lines += mem.lines()
     return "\n".join(lines)
@@ -604,6 +635,11 @@ def run(args: argparse.Namespace) -> str:
     mem = memory.measure()
     print("\n".join(f"  {line}" for line in mem.lines()), flush=True)
     print(f"  ({time.monotonic() - began:.0f} s)", flush=True)
+    print("the cost of one more TCP hop on this machine (a bare relay, direct vs relayed)...", flush=True)
+    floor = relay_floor.measure()
+    if floor is not None:
+        print(f"  {floor.direct_ms_per_mb:.2f} ms per MB direct, {floor.relayed_ms_per_mb:.2f} ms relayed",
+              flush=True)
     print(f"starting {args.brokers} Kafka {KAFKA_VERSION} brokers...", flush=True)
     with (LocalKafka(brokers=args.brokers) as cluster,
           tempfile.TemporaryDirectory(prefix="kthrottle-bench-") as tmp):
@@ -635,7 +671,7 @@ def run(args: argparse.Namespace) -> str:
             gc.collect()
     busy_note = f"; machine {100 * busy:.0f}% busy just before" if busy is not None else ""
     machine = f"load average (1/5/15 min): {load_start} at start, {_load()} at end{busy_note}"
-    return summary(produced, consumed, lat, args.brokers, quotas, mem, machine)
+    return summary(produced, consumed, lat, args.brokers, quotas, mem, machine, floor)
 
 
 def main(argv: list[str] | None = None) -> int:
