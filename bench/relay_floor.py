@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 from . import cpu
 
@@ -68,9 +69,9 @@ def _relay_process(listener: socket.socket, target: tuple[str, int], ready: Conn
         inbound = Forward()
         outbound = Forward()
         out_transport, _ = await loop.create_connection(lambda: outbound, *target)
-        inbound.peer = out_transport  # type: ignore[assignment]
+        inbound.peer = out_transport
         in_transport, _ = await loop.connect_accepted_socket(lambda: inbound, client)
-        outbound.peer = in_transport  # type: ignore[assignment]
+        outbound.peer = in_transport
         await outbound.done
 
     uvloop.run(serve())
@@ -101,8 +102,13 @@ def _listener() -> socket.socket:
     return sock
 
 
-def _one_run(path: str, relay: bool) -> float:
-    """Whole-machine CPU ms per MB for one stream of RUN_BYTES."""
+class Stream(NamedTuple):
+    ms_per_mb: float
+    mb_per_s: float
+
+
+def _one_run(path: str, relay: bool) -> Stream:
+    """Whole-machine CPU ms per MB, and MB/s, for one stream of RUN_BYTES."""
     sink = _listener()
     process = None
     if relay:
@@ -140,13 +146,16 @@ def _one_run(path: str, relay: bool) -> float:
         raise RuntimeError(f"the receiver got {counted} bytes, expected {RUN_BYTES}")
     if usage.busy is None:
         raise RuntimeError("/proc/stat gave no reading")
-    return usage.busy * (os.cpu_count() or 1) * seconds * 1000 / (RUN_BYTES / MB)
+    megabytes = RUN_BYTES / MB
+    return Stream(usage.busy * (os.cpu_count() or 1) * seconds * 1000 / megabytes, megabytes / seconds)
 
 
 @dataclass(frozen=True)
 class RelayFloor:
     direct_ms_per_mb: float
     relayed_ms_per_mb: float
+    direct_mb_per_s: float
+    relayed_mb_per_s: float
 
     @property
     def hop_ms_per_mb(self) -> float:
@@ -161,11 +170,15 @@ def measure() -> RelayFloor | None:
     with tempfile.NamedTemporaryFile(prefix="kthrottle-relay-") as blob:
         blob.write(os.urandom(FILE_BYTES))
         blob.flush()
-        direct, relayed = [], []
+        direct: list[Stream] = []
+        relayed: list[Stream] = []
         for _ in range(ROUNDS):
             direct.append(_one_run(blob.name, relay=False))
             relayed.append(_one_run(blob.name, relay=True))
-    return RelayFloor(statistics.median(direct), statistics.median(relayed))
+    return RelayFloor(statistics.median(run.ms_per_mb for run in direct),
+                      statistics.median(run.ms_per_mb for run in relayed),
+                      statistics.median(run.mb_per_s for run in direct),
+                      statistics.median(run.mb_per_s for run in relayed))
 
 
 if __name__ == "__main__":

@@ -577,7 +577,9 @@ def _ceiling_lines(comps: list[Comparison], floor: relay_floor.RelayFloor | None
     if floor is not None:
         lines.append(f"one more TCP hop (a bare uvloop relay, bench/relay_floor.py) costs this machine "
                      f"{floor.hop_ms_per_mb:.2f} ms of CPU per MB ({floor.direct_ms_per_mb:.2f} direct, "
-                     f"{floor.relayed_ms_per_mb:.2f} relayed)")
+                     f"{floor.relayed_ms_per_mb:.2f} relayed); the bare relay's own throughput ratio "
+                     f"{floor.relayed_mb_per_s / floor.direct_mb_per_s:.2f} "
+                     f"({floor.direct_mb_per_s:.0f} MB/s direct, {floor.relayed_mb_per_s:.0f} MB/s relayed)")
     for comp in comps:
         costs = {path: comp.machine_ms_per_mb(path) for path in PATHS}
         direct = costs["direct"]
@@ -638,7 +640,8 @@ def run(args: argparse.Namespace) -> str:
     print("the cost of one more TCP hop on this machine (a bare relay, direct vs relayed)...", flush=True)
     floor = relay_floor.measure()
     if floor is not None:
-        print(f"  {floor.direct_ms_per_mb:.2f} ms per MB direct, {floor.relayed_ms_per_mb:.2f} ms relayed",
+        print(f"  {floor.direct_ms_per_mb:.2f} ms per MB direct, {floor.relayed_ms_per_mb:.2f} ms relayed; "
+              f"{floor.direct_mb_per_s:.0f} MB/s direct, {floor.relayed_mb_per_s:.0f} MB/s relayed",
               flush=True)
     print(f"starting {args.brokers} Kafka {KAFKA_VERSION} brokers...", flush=True)
     with (LocalKafka(brokers=args.brokers) as cluster,
