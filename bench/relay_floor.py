@@ -117,10 +117,13 @@ def _one_run(path: str, relay: bool) -> Stream:
         process = multiprocessing.get_context("fork").Process(
             target=_relay_process, args=(front, sink.getsockname(), child), daemon=True)
         process.start()
-        if not parent.poll(30):
-            raise RuntimeError("the relay process did not start")
-        parent.recv()
+        ready = parent.poll(30)
         address = front.getsockname()
+        for end in (front, parent, child):  # the relay process has its own copies
+            end.close()
+        if not ready:
+            process.kill()
+            raise RuntimeError("the relay process did not start")
     else:
         address = sink.getsockname()
     out = socket.create_connection(address)
