@@ -35,21 +35,29 @@ class RunResult:
         """Payload bytes per second between `start_s` and `end_s` after the start (see `slope`)."""
         lo, hi = self.started + start_s, self.started + end_s
         total = 0
-        points = []
+        points: list[tuple[float, float]] = []
         for at, size in sorted((at, size) for at, size in self.events if lo <= at < hi):
             total += size
             points.append((at, total))
-        if len(points) < 2 or points[-1][0] - points[0][0] < (end_s - start_s) / 2:
-            return total / (end_s - start_s)  # too few events for a slope: all there is, over the span
-        return slope(points)
+        fitted = _fitted_rate(points, end_s - start_s)
+        # Too few events for a slope: all there is, over the span.
+        return total / (end_s - start_s) if fitted is None else fitted
 
     def received_rate(self, start_s: float, end_s: float) -> float:
         """Bytes per second the consumer received between `start_s` and `end_s` after the start."""
         lo, hi = self.started + start_s, self.started + end_s
         inside = [(at, float(total)) for at, total in self.received if lo <= at <= hi]
-        if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end_s - start_s) / 2:
+        fitted = _fitted_rate(inside, end_s - start_s)
+        if fitted is None:
             raise AssertionError(f"too few client statistics between {start_s} s and {end_s} s: {inside}")
-        return slope(inside)
+        return fitted
+
+
+def _fitted_rate(points: list[tuple[float, float]], span_s: float) -> float | None:
+    """`slope` of (time, bytes so far) when the points cover at least half the span, else None."""
+    if len(points) < 2 or points[-1][0] - points[0][0] < span_s / 2:
+        return None
+    return slope(points)
 
 
 def slope(points: list[tuple[float, float]]) -> float:
