@@ -21,8 +21,8 @@ from kafka.protocol.admin.client_quotas import (
 )
 
 from .apis import KNOWN_APIS, ApiKey
-from .errors import MalformedBody
 from .headers import RequestHeader, encode_response_header
+from .skim import decode_strict
 
 #: DescribeClientQuotas filter match types (DescribeClientQuotasRequest.MATCH_TYPE_* in Kafka).
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
@@ -83,14 +83,16 @@ QUOTA_ADMIN_APIS = frozenset({ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT
 
 
 def _decode(cls: Any, frame: bytes, header: RequestHeader) -> Any:
-    try:
-        return cls.decode(memoryview(frame)[header.body_offset:], version=header.api_version)
-    except Exception as exc:
-        raise MalformedBody(f"{cls.__name__} v{header.api_version} does not parse: {exc}") from exc
+    return decode_strict(cls, frame, header.body_offset, header.api_version, f"{cls.__name__}")
 
 
 def decode_quota_admin_request(frame: bytes, header: RequestHeader) -> QuotaAdminRequest:
-    """A DescribeClientQuotas or AlterClientQuotas request frame as plain values."""
+    """A DescribeClientQuotas or AlterClientQuotas request frame as plain values.
+
+    A null or negative array length, or a null where the schema wants a string, raises
+    `MalformedBody` naming the field: Kafka's readers refuse the same request and the broker
+    closes the connection, which is what the proxy then does.
+    """
     if header.api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
         message = _decode(DescribeClientQuotasRequest, frame, header)
         return DescribeQuotas(

@@ -1,7 +1,8 @@
 """Hand-written readers that skim a Produce or Fetch body for one fact without decoding it.
 
 A Produce request's `acks` and producer ids; whether a Produce or Fetch response carries KIP-951
-NodeEndpoints.
+NodeEndpoints; and, before a body is decoded at all, whether its length prefixes are ones Kafka's
+own readers accept (`decode_strict`).
 
 The bench showed the generic decoders on the per-request path: decoding every Produce request
 to read its producer ids, and every Produce v10+ / Fetch v16+ response to learn that it carries
@@ -15,6 +16,7 @@ copied) and follow the field order of Kafka's JSON schemas (`ProduceRequest.json
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .errors import MalformedBody, MalformedHeader
 from .headers import RequestHeader, read_uvarint, skip_tagged_fields
@@ -178,3 +180,91 @@ def fetch_response_has_tags(frame: bytes, body_offset: int, version: int) -> boo
         return _top_level_tags(frame, pos, "response")
     except MalformedHeader as exc:
         raise MalformedBody(f"Fetch v{version} response does not parse: {exc}") from exc
+
+
+# -- strict decoding -----------------------------------------------------------------------------
+
+#: Widths of the fixed-size schema types (as in Kafka's `Type` classes).
+_FIXED_WIDTH = {"int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+                "float64": 8, "uuid": 16}
+#: Width of a non-flexible length prefix: strings have an int16 length, bytes/records/arrays int32.
+_PREFIX_WIDTH = {"string": 2, "bytes": 4, "records": 4}
+
+
+def _check_length(buf: bytes, pos: int, flexible: bool, width: int, field: Any, version: int,
+                  path: str) -> tuple[int, int]:
+    """A length prefix as Kafka's generated readers take it: -1 only where the schema allows
+    null, never another negative, never more than the bytes left."""
+    length, pos = _length(buf, pos, flexible, width)
+    if length < 0:
+        if length != -1:
+            raise MalformedBody(f"{path} has length {length}")
+        if not field.nullable_for_version_q(version):
+            raise MalformedBody(f"{path} is null (length -1), which the schema does not allow")
+    elif length > len(buf) - pos:
+        raise MalformedBody(f"{path} has length {length} but only {len(buf) - pos} bytes are left")
+    return length, pos
+
+
+def _check_value(kind: str, field: Any, buf: bytes, pos: int, version: int, flexible: bool,
+                 path: str) -> int:
+    width = _FIXED_WIDTH.get(kind)
+    if width is not None:
+        if pos + width > len(buf):
+            raise MalformedBody(f"{path} ({kind}) runs past the end of the body")
+        return pos + width
+    prefix = _PREFIX_WIDTH.get(kind)
+    if prefix is None:
+        raise MalformedBody(f"{path} has schema type {kind}, which the proxy cannot check")
+    length, pos = _check_length(buf, pos, flexible, prefix, field, version, path)
+    return pos + max(length, 0)
+
+
+def _check_struct(struct: Any, buf: bytes, pos: int, version: int, flexible: bool, path: str) -> int:
+    """Position after a struct's fields; tagged fields are stepped over by their sizes."""
+    for field in struct.untagged_fields(version):
+        where = f"{path}.{field.name}" if path else field.name
+        if field.is_array():
+            count, pos = _check_length(buf, pos, flexible, 4, field, version, where)
+            element = field.array_of
+            for index in range(count):
+                item = f"{where}[{index}]"
+                if field.is_struct_array():
+                    pos = _check_struct(element, buf, pos, version, flexible, item)
+                else:
+                    pos = _check_value(element.type_str, element, buf, pos, version, flexible, item)
+        elif field.is_struct():
+            if field.nullable_for_version_q(version):  # KIP-893: a one-byte marker, -1 for null
+                if pos >= len(buf):
+                    raise MalformedBody(f"{where} runs past the end of the body")
+                pos += 1
+                if buf[pos - 1] == 0xFF:
+                    continue
+            pos = _check_struct(field, buf, pos, version, flexible, where)
+        else:
+            pos = _check_value(field.type_str, field, buf, pos, version, flexible, where)
+    if flexible:
+        pos = skip_tagged_fields(buf, pos)
+    return pos
+
+
+def decode_strict(cls: Any, frame: bytes, start: int, version: int, what: str) -> Any:
+    """Decode the body at `frame[start:]` with its schema class, refusing what Kafka refuses.
+
+    kafka-python's decoders are lenient where a broker is not: a null (length -1) where the schema
+    forbids it decodes as None, which later code then fails to iterate (issue 10's TypeError); a
+    length of -5 reads as empty; a string longer than the bytes left comes back cut short. Every
+    length prefix is checked first, so a bad one closes the connection with a `MalformedBody`
+    naming the field and the value, as Kafka's readers throw naming them.
+    """
+    flexible = cls.flexible_version_q(version)
+    try:
+        _check_struct(cls._struct, frame, start, version, flexible, "")
+    except MalformedHeader as exc:  # a varint or a tagged field that does not add up
+        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc
+    except MalformedBody as exc:
+        raise MalformedBody(f"{what} v{version}: {exc}") from exc
+    try:
+        return cls.decode(memoryview(frame)[start:], version=version)
+    except Exception as exc:
+        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc

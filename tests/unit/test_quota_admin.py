@@ -3,6 +3,7 @@ store's overlay, and the connection keeping order around a request the proxy ans
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ from protocol.client_quotas import (
     decode_quota_admin_request,
     describe_quotas_response,
 )
-from protocol.connection import ProxyConnection, QuotaAdmin, ToBroker, ToClient
+from protocol.connection import Close, ProxyConnection, QuotaAdmin, ToBroker, ToClient
+from protocol.errors import MalformedBody
 from protocol.frames import FrameSplitter, frame
 from protocol.headers import encode_request_header, parse_request_header
 from quotas.engine import QuotaTable
@@ -128,6 +130,93 @@ def test_alter_request_and_response_round_trip(version: int) -> None:
     (entry,) = AlterClientQuotasResponse.decode(body, version=version).entries
     assert (entry.error_code, entry.error_message) == (42, "nope")
     assert [(e.entity_type, e.entity_name) for e in entry.entity] == [("user", None)]
+
+
+DC = DescribeClientQuotasRequest.ComponentData
+AE = AlterClientQuotasRequest.EntryData
+
+
+def user_entry(**overrides: object) -> object:
+    fields: dict[str, object] = {
+        "entity": [AE.EntityData(entity_type="user", entity_name="alice")],
+        "ops": [AE.OpData(key="producer_byte_rate", value=1.0, remove=False)],
+    }
+    return AE(**{**fields, **overrides})
+
+
+# (request class, fields with a null where the schema forbids one, the field the close must name)
+NULLS: list[tuple[type, dict[str, object], str]] = [
+    (DescribeClientQuotasRequest, {"components": None, "strict": False}, "components"),
+    (DescribeClientQuotasRequest,
+     {"components": [DC(entity_type=None, match_type=0, match="a")], "strict": False},
+     "components[0].entity_type"),
+    (AlterClientQuotasRequest, {"entries": None, "validate_only": False}, "entries"),
+    (AlterClientQuotasRequest, {"entries": [user_entry(entity=None)], "validate_only": False},
+     "entries[0].entity"),
+    (AlterClientQuotasRequest, {"entries": [user_entry(ops=None)], "validate_only": False},
+     "entries[0].ops"),
+    (AlterClientQuotasRequest,
+     {"entries": [user_entry(entity=[AE.EntityData(entity_type=None, entity_name="a")])],
+      "validate_only": False},
+     "entries[0].entity[0].entity_type"),
+    (AlterClientQuotasRequest,
+     {"entries": [user_entry(ops=[AE.OpData(key=None, value=1.0, remove=False)])], "validate_only": False},
+     "entries[0].ops[0].key"),
+]
+
+
+def closed_with(raw: bytes) -> str:
+    """Feed one request to a fresh connection; it must close (nothing forwarded, nothing for
+    the admin layer) and the reason is returned."""
+    conn = ProxyConnection(lambda node: ("proxy", 9000 + node))
+    actions = conn.receive_from_client(frame(raw), 0)
+    assert [type(a) for a in actions] == [Close], actions
+    assert conn.closed is not None and conn.closed == actions[0].reason  # type: ignore[attr-defined]
+    return conn.closed
+
+
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize(("cls", "fields", "path"), NULLS, ids=[path for _, _, path in NULLS])
+def test_null_where_the_schema_forbids_it_closes_naming_the_field(
+    cls: type, fields: dict[str, object], path: str, version: int
+) -> None:
+    raw = request_frame(cls, version, 5, **fields)  # kafka-python encodes None as length -1
+    with pytest.raises(MalformedBody, match=rf"{re.escape(path)} is null \(length -1\)"):
+        decode_quota_admin_request(raw, parse_request_header(raw))
+    reason = closed_with(raw)
+    assert f"{path} is null" in reason and f"v{version}" in reason
+
+
+@pytest.mark.parametrize("length", [-2, -5, -(2**31)])
+def test_negative_array_length_other_than_null_closes_naming_it(length: int) -> None:
+    raw = request_frame(DescribeClientQuotasRequest, 0, 5, components=[], strict=False)
+    start = parse_request_header(raw).body_offset
+    raw = raw[:start] + length.to_bytes(4, "big", signed=True) + raw[start + 4 :]
+    assert f"components has length {length}" in closed_with(raw)
+
+
+def test_array_longer_than_the_bytes_left_closes_naming_both() -> None:
+    raw = request_frame(AlterClientQuotasRequest, 0, 5, entries=[user_entry()], validate_only=False)
+    start = parse_request_header(raw).body_offset
+    raw = raw[:start] + (1_000_000).to_bytes(4, "big") + raw[start + 4 :]
+    left = len(raw) - start - 4
+    assert f"entries has length 1000000 but only {left} bytes are left" in closed_with(raw)
+
+
+def test_string_longer_than_the_bytes_left_closes() -> None:
+    raw = request_frame(DescribeClientQuotasRequest, 0, 5, components=[DC(entity_type="user", match_type=0,
+                                                                          match="alice")], strict=False)
+    start = parse_request_header(raw).body_offset + 4  # the first component's entity type
+    raw = raw[:start] + (300).to_bytes(2, "big") + raw[start + 2 :]
+    assert "components[0].entity_type has length 300 but only" in closed_with(raw)
+
+
+def test_nullable_fields_may_still_be_null() -> None:
+    raw = request_frame(AlterClientQuotasRequest, 1, 5, validate_only=True, entries=[
+        user_entry(entity=[AE.EntityData(entity_type="client-id", entity_name=None)])])
+    decoded = decode_quota_admin_request(raw, parse_request_header(raw))
+    assert isinstance(decoded, AlterQuotas)
+    assert decoded.entries[0].entity == (("client-id", None),)
 
 
 # -- describe: Kafka's matching ------------------------------------------------------------------
