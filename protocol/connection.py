@@ -25,7 +25,9 @@ from .client_quotas import QUOTA_ADMIN_APIS, QuotaAdminRequest, decode_quota_adm
 from .errors import MalformedBody, ProtocolError, UnsupportedVersion
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
+    REQUEST_API_BYTES,
     RequestHeader,
+    check_request_api,
     parse_request_header,
     response_body_offset,
     response_correlation_id,
@@ -54,6 +56,11 @@ STREAM_MIN_BYTES = 64 * 1024
 #: APIs a broker never charges to the request quota: the client cannot avoid them before it is
 #: authenticated (KIP-124 exempts them), and a proxy must not hold back authentication.
 REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+#: The only requests a broker takes while a SASL exchange is in progress (Kafka's
+#: SaslServerAuthenticator closes the connection on any other): another request means the client
+#: saw the exchange succeed.
+SASL_SETUP_APIS = REQUEST_QUOTA_EXEMPT
 
 
 class QuotaVerdict(Protocol):
@@ -219,6 +226,16 @@ class ProxyConnection:
         self._admin_pending: InFlight | None = None
         #: muted until this time (caller's clock, ms): requests wait in `_deferred`
         self._muted_until = 0.0
+        #: a whole request frame has been read from the client
+        self._request_seen = False
+        #: the connection's first SASL exchange has started and not yet been accepted; and
+        #: whether one ever was (a re-authentication, KIP-368, does not undo `established`)
+        self._sasl_in_progress = False
+        self._sasl_settled = False
+        #: a SaslHandshake v0 awaits its answer: the client's next frame may be a raw token
+        self._raw_sasl_possible = False
+        #: the incomplete head request frame's api key and version have been checked
+        self._head_checked = False
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -231,6 +248,43 @@ class ProxyConnection:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def established(self) -> bool:
+        """Whether the client has sent a whole request and is not in the middle of its SASL exchange.
+
+        The I/O layer closes a connection not established within its setup timeout. The exchange
+        ends when the broker accepts it, or (for GSSAPI, whose end the proxy cannot see) when the
+        client sends a request a broker takes only after authentication succeeded.
+        """
+        return self._request_seen and not self._sasl_in_progress
+
+    @property
+    def request_memory_need(self) -> int:
+        """Bytes this connection holds once the request frame it is reading is complete.
+
+        The declared size (prefix included) of an incomplete head request frame whose prefix has
+        arrived, else the bytes buffered, plus the requests read but waiting for a mute or an
+        admin answer. 0 once closed: the I/O layer then drops everything.
+        """
+        if self._closed is not None:
+            return 0
+        declared = self._requests.declared_size
+        head = self._requests.buffered if declared is None else 4 + declared
+        return head + sum(len(frame) for frame in self._deferred)
+
+    @property
+    def request_bytes_held(self) -> int:
+        """Bytes of requests held now: what has arrived of the frame being read, plus the
+        requests waiting for a mute or an admin answer (at most `request_memory_need`)."""
+        if self._closed is not None:
+            return 0
+        return self._requests.buffered + sum(len(frame) for frame in self._deferred)
+
+    @property
+    def sasl_in_progress(self) -> bool:
+        """The connection's first SASL exchange has started and the broker has not accepted it."""
+        return self._sasl_in_progress
+
     def receive_from_client(self, data: bytes, now_ms: float = 0.0) -> list[Action]:
         """Bytes from the client, at `now_ms` on the caller's monotonic clock."""
         if self._closed is not None:
@@ -238,6 +292,11 @@ class ProxyConnection:
         self._now_ms = now_ms
         try:
             frames = self._requests.feed(data)
+            if frames:
+                self._request_seen = True
+                self._head_checked = False
+            if not self._head_checked:
+                self._check_head_request()
             if self._deferred:
                 frames, self._deferred = self._deferred + frames, []
             if self._admin_pending is not None:
@@ -251,6 +310,19 @@ class ProxyConnection:
             return self._client_frames(frames)
         except ProtocolError as exc:
             return self._close(f"client sent bad data: {exc}")
+
+    def _check_head_request(self) -> None:
+        """Refuse an incomplete request from its api key and version, before its body is buffered.
+
+        Skipped for raw SASL tokens (SaslHandshake v0), which have no header.
+        """
+        if self._raw_sasl is not None or self._raw_sasl_possible:
+            return
+        partial = self._requests.partial()
+        if partial is None or partial[1] < REQUEST_API_BYTES:
+            return
+        check_request_api(partial[2])
+        self._head_checked = True
 
     @property
     def waiting_requests(self) -> bool:
@@ -404,6 +476,8 @@ class ProxyConnection:
             header = parse_request_header(frame)
             if header.client_id is not None:
                 self.client_id = header.client_id
+            if self._sasl_in_progress and header.api_key not in SASL_SETUP_APIS:
+                self._sasl_settled, self._sasl_in_progress = True, False
             spec = KNOWN_APIS.get(header.api_key)
             entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id)
             if spec is not None and header.api_version > spec.max_version:
@@ -451,6 +525,8 @@ class ProxyConnection:
                     frame = cap_fetch_bytes(frame, header, cap)
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
                 self._sasl = SaslExchange(self._decode_request(frame, header).mechanism)
+                self._sasl_in_progress = not self._sasl_settled
+                self._raw_sasl_possible = header.api_version == 0
             elif header.api_key == ApiKey.SASL_AUTHENTICATE:
                 if self._sasl is None:
                     raise MalformedBody("SaslAuthenticate without a SaslHandshake first")
@@ -604,6 +680,7 @@ class ProxyConnection:
             body, _ = clamp_api_versions(frame[start:], version)
             return frame[:start] + body
         if key == ApiKey.SASL_HANDSHAKE:
+            self._raw_sasl_possible = False
             start = response_body_offset(frame, header_version)
             error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
             if error_code == 0 and version == 0 and self._sasl is not None:
@@ -629,6 +706,7 @@ class ProxyConnection:
     def _authenticated(self, exchange: SaslExchange) -> Authenticated:
         """The broker accepted the exchange: only now does the claimed name count."""
         self.authenticated_mechanism = exchange.mechanism
+        self._sasl_settled, self._sasl_in_progress = True, False
         if exchange.candidate is not None:
             self.principal = exchange.candidate
         return Authenticated(self.principal, exchange.mechanism)

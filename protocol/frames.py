@@ -42,6 +42,15 @@ class FrameSplitter:
         """Bytes received but not yet part of a complete frame."""
         return self._have
 
+    @property
+    def declared_size(self) -> int | None:
+        """The size (without its prefix) of an incomplete head frame whose prefix has arrived.
+
+        What the head frame will hold once complete, so a caller can budget memory before it
+        arrives (Kafka's `queued.max.request.bytes` counts a request's declared size too).
+        """
+        return self._need - 4 if self._have >= 4 else None
+
     def _size(self, prefix: bytes) -> int:
         size = int.from_bytes(prefix, "big", signed=True)
         if size < 0 or size > self._max_bytes:

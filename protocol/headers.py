@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .apis import KNOWN_APIS
+from .apis import KNOWN_APIS, api_name
 from .errors import MalformedHeader
 
 
@@ -55,12 +55,31 @@ def skip_tagged_fields(buf: bytes, pos: int) -> int:
     return pos
 
 
+#: A request's api key and version: its first 4 bytes after the size prefix.
+REQUEST_API_BYTES = 4
+
+
+def check_request_api(head: bytes) -> tuple[int, int]:
+    """The api key and version at the start of a request, refused when negative.
+
+    Kafka has no negative api key or version (both are int16 counted from 0; a broker closes the
+    connection on either). Checked on the first bytes of a request frame, so a huge frame with
+    a garbage header is refused before its body is buffered.
+    """
+    api_key = int.from_bytes(head[0:2], "big", signed=True)
+    api_version = int.from_bytes(head[2:4], "big", signed=True)
+    if api_key < 0:
+        raise MalformedHeader(f"api key {api_key} is negative")
+    if api_version < 0:
+        raise MalformedHeader(f"api version {api_version} is negative ({api_name(api_key)})")
+    return api_key, api_version
+
+
 def parse_request_header(frame: bytes) -> RequestHeader:
     """Read the header of a request frame (the bytes after the size prefix)."""
     if len(frame) < 10:
         raise MalformedHeader(f"request header needs at least 10 bytes, frame has {len(frame)}")
-    api_key = int.from_bytes(frame[0:2], "big", signed=True)
-    api_version = int.from_bytes(frame[2:4], "big", signed=True)
+    api_key, api_version = check_request_api(frame)
     correlation_id = int.from_bytes(frame[4:8], "big", signed=True)
     client_len = int.from_bytes(frame[8:10], "big", signed=True)
     pos = 10
@@ -79,8 +98,6 @@ def parse_request_header(frame: bytes) -> RequestHeader:
     spec = KNOWN_APIS.get(api_key)
     if spec is None:
         return RequestHeader(api_key, api_version, correlation_id, client_id, -1)
-    if api_version < 0:
-        raise MalformedHeader(f"api version {api_version} is negative")
     if spec.request_header_version(api_version) >= 2:
         pos = skip_tagged_fields(frame, pos)
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)

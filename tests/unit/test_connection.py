@@ -6,6 +6,7 @@ import base64
 import json
 
 import pytest
+from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest
 from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
@@ -35,6 +36,7 @@ from protocol.skim import produce_acks
 from .wire import (
     advertise,
     body,
+    broker_frames,
     brokers_seen,
     client_frames,
     close_reasons,
@@ -745,3 +747,164 @@ def test_observer_sees_each_answered_exchange_once() -> None:
 def test_close_action_type_and_reason(conn: ProxyConnection) -> None:
     actions = conn.receive_from_broker(frame(heartbeat_response(1)))
     assert actions == [Close(conn.closed or "")]
+
+
+# -- established: what the I/O layer's setup timeout waits for ----------------------------------
+
+
+def test_not_established_until_a_whole_request_arrives(conn: ProxyConnection) -> None:
+    req = frame(heartbeat_request(1))
+    assert not conn.established
+    conn.receive_from_client(req[:-1])
+    assert not conn.established  # the last byte is missing
+    conn.receive_from_client(req[-1:])
+    assert conn.established
+
+
+def test_established_only_once_the_broker_accepts_sasl(conn: ProxyConnection) -> None:
+    exchange(conn, api_versions_request(1, 3), encode_response_header(1, 0) + body(
+        ApiVersionsResponse, 3, error_code=0, api_keys=[], throttle_time_ms=0))
+    assert conn.established  # ApiVersions alone, no SASL asked for (yet)
+    exchange(conn, handshake_request(2, "PLAIN"), handshake_response(2))
+    assert not conn.established  # the exchange is under way
+    assert conn.sasl_in_progress
+    conn.receive_from_client(frame(authenticate_request(3, plain_token("alice"))))
+    assert not conn.established  # a claim is not an acceptance
+    conn.receive_from_broker(frame(authenticate_response(3)))
+    assert conn.established and not conn.sasl_in_progress
+    # A re-authentication later (KIP-368) does not make a set-up connection new again.
+    exchange(conn, handshake_request(4, "PLAIN"), handshake_response(4))
+    assert conn.established
+
+
+def test_failed_sasl_never_establishes(conn: ProxyConnection) -> None:
+    exchange(conn, handshake_request(1, "PLAIN"), handshake_response(1))
+    exchange(conn, authenticate_request(2, plain_token("mallory")),
+             authenticate_response(2, error_code=SASL_AUTHENTICATION_FAILED))
+    assert not conn.established
+
+
+def test_gssapi_established_by_the_first_request_after_the_exchange(conn: ProxyConnection) -> None:
+    """The proxy cannot see GSSAPI end; a broker takes another request only after it succeeded."""
+    exchange(conn, handshake_request(1, "GSSAPI"), handshake_response(1))
+    exchange(conn, authenticate_request(2, b"\x60\x82kerberos"), authenticate_response(2, b"\x60\x81reply"))
+    exchange(conn, authenticate_request(3, b""), authenticate_response(3, b"\x05\x04wrap"))
+    assert not conn.established
+    assert conn.authenticated_mechanism is None
+    conn.receive_from_client(frame(metadata_request(4)))
+    assert conn.established
+
+
+def test_raw_sasl_established_on_the_broker_raw_answer(conn: ProxyConnection) -> None:
+    exchange(conn, handshake_request(1, "PLAIN", version=0), handshake_response(1, version=0))
+    conn.receive_from_client(frame(plain_token("al", "p")))
+    assert not conn.established
+    conn.receive_from_broker(b"\x00\x00\x00\x00")
+    assert conn.established
+
+
+# -- request_memory_need: the I/O layer's budget for requests in flight ---------------------------
+
+
+def test_memory_need_counts_the_declared_size_of_the_frame_being_read(conn: ProxyConnection) -> None:
+    assert conn.request_memory_need == 0
+    req = frame(heartbeat_request(1))
+    conn.receive_from_client(req[:3])
+    assert conn.request_memory_need == 3  # no size yet: what is buffered
+    conn.receive_from_client(req[3:6])
+    assert conn.request_memory_need == len(req)  # the whole frame, prefix included
+    assert conn.request_bytes_held == 6  # what has arrived of it
+    actions = conn.receive_from_client(req[6:] + frame(heartbeat_request(2))[:5])
+    assert to_broker(actions) == req
+    assert conn.request_memory_need == 4 + len(heartbeat_request(2))
+
+
+def test_memory_need_of_a_huge_declared_request_before_its_body() -> None:
+    conn = ProxyConnection(advertise)
+    size = 90 * 1024 * 1024
+    assert conn.receive_from_client(size.to_bytes(4, "big") + heartbeat_request(1)[:10]) == []
+    assert conn.request_memory_need == 4 + size
+
+
+def test_memory_need_counts_requests_waiting_behind_an_admin_answer(conn: ProxyConnection) -> None:
+    describe = request(DescribeClientQuotasRequest, 1, 1, components=[], strict=False)
+    waiting = [heartbeat_request(2), metadata_request(3)]
+    partial = frame(heartbeat_request(4))[:7]
+    conn.receive_from_client(framed(describe, *waiting) + partial)
+    assert conn.waiting_requests
+    assert conn.request_memory_need == sum(len(w) for w in waiting) + len(frame(heartbeat_request(4)))
+    assert conn.request_bytes_held == sum(len(w) for w in waiting) + len(partial)
+    actions = conn.answer_quota_admin(encode_response_header(1, 1) + b"\x00" * 8)
+    assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [2, 3]
+    assert conn.request_memory_need == len(frame(heartbeat_request(4)))
+
+
+def test_memory_need_is_zero_once_closed() -> None:
+    conn = ProxyConnection(advertise)
+    conn.receive_from_client((1000).to_bytes(4, "big") + b"\x00\x01")
+    assert (conn.request_memory_need, conn.request_bytes_held) == (1004, 6)
+    conn.receive_from_broker(frame(heartbeat_response(9)))  # unsolicited: closes
+    assert conn.closed is not None
+    assert (conn.request_memory_need, conn.request_bytes_held) == (0, 0)
+
+
+# -- a request refused from its header, before its body is buffered -----------------------------
+
+
+@pytest.mark.parametrize(("head", "named"), [
+    ((-1).to_bytes(2, "big", signed=True) + b"\x00\x00", "api key -1 is negative"),
+    ((-32768).to_bytes(2, "big", signed=True) + b"\x00\x01", "api key -32768 is negative"),
+    (ApiKey.PRODUCE.to_bytes(2, "big") + (-1).to_bytes(2, "big", signed=True),
+     "api version -1 is negative (Produce)"),
+    ((9999).to_bytes(2, "big") + (-7).to_bytes(2, "big", signed=True),
+     "api version -7 is negative (Unknown(9999))"),
+], ids=["key -1", "key -32768", "Produce v-1", "unknown key v-7"])
+def test_garbage_header_of_a_huge_request_refused_on_its_first_read(head: bytes, named: str) -> None:
+    conn = ProxyConnection(advertise)
+    size = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes: allowed by size
+    first_read = size.to_bytes(4, "big") + head + b"\x00" * 4
+    (reason,) = close_reasons(conn.receive_from_client(first_read))
+    assert named in reason
+    assert_closed_and_deaf(conn)
+
+
+def test_header_checked_as_soon_as_its_four_bytes_are_in(conn: ProxyConnection) -> None:
+    stream = (50_000).to_bytes(4, "big") + b"\xff\xfe\x00\x00"
+    for i in range(7):
+        assert conn.receive_from_client(stream[i : i + 1]) == []
+    (reason,) = close_reasons(conn.receive_from_client(stream[7:]))
+    assert "api key -2 is negative" in reason
+
+
+def test_good_header_of_a_large_request_keeps_reading(conn: ProxyConnection) -> None:
+    req = produce_request(1, 9, 1)
+    padded = req + b"\x00" * 100_000  # a body the proxy never needs to read whole to start
+    stream = frame(padded)
+    assert conn.receive_from_client(stream[:20]) == []
+    assert conn.receive_from_client(stream[20:1000]) == []
+    assert conn.request_memory_need == len(stream)
+
+
+def test_header_check_after_a_complete_frame_in_the_same_read(conn: ProxyConnection) -> None:
+    stream = frame(heartbeat_request(1)) + (500).to_bytes(4, "big") + b"\x00\x0c\xff\xff"
+    (reason,) = close_reasons(conn.receive_from_client(stream))
+    assert "api version -1 is negative (Heartbeat)" in reason
+
+
+def test_complete_request_with_negative_version_of_unknown_api_closes(conn: ProxyConnection) -> None:
+    raw = bytearray(unknown_api_request(1))
+    raw[2:4] = (-1).to_bytes(2, "big", signed=True)
+    (reason,) = close_reasons(conn.receive_from_client(frame(bytes(raw))))
+    assert "api version -1 is negative" in reason
+
+
+def test_raw_sasl_token_is_not_read_as_a_header(conn: ProxyConnection) -> None:
+    """After SaslHandshake v0 the client's frames are raw tokens: any first bytes are legal."""
+    conn.receive_from_client(frame(handshake_request(1, "PLAIN", version=0)))
+    token = b"\xff\xff\xff\xff" + b"\x00" * 20
+    # The token may arrive before the broker's answer to the handshake has been read.
+    assert conn.receive_from_client(frame(token)[:10]) == []
+    assert close_reasons(conn.receive_from_broker(frame(handshake_response(1, version=0)))) == []
+    up = conn.receive_from_client(frame(token)[10:])
+    assert to_broker(up) == frame(token)
+    assert conn.closed is None

@@ -142,3 +142,24 @@ def test_random_chunking_of_large_and_small_frames() -> None:
             pos += step
         assert got == payloads
         assert splitter.buffered == 0
+
+
+def test_declared_size_of_an_incomplete_head_frame() -> None:
+    splitter = FrameSplitter(1000)
+    assert splitter.declared_size is None
+    splitter.feed(b"\x00\x00")
+    assert splitter.declared_size is None  # the prefix is not complete
+    splitter.feed(b"\x01\x2c" + b"ab")
+    assert splitter.declared_size == 300
+    splitter.feed(b"x" * 298)
+    assert splitter.declared_size is None  # complete and handed out: nothing is held
+    splitter.feed(frame(b"whole") + b"\x00\x00\x00\x07abc")
+    assert (splitter.declared_size, splitter.buffered) == (7, 7)
+
+
+def test_declared_size_after_the_prefix_arrives_byte_by_byte() -> None:
+    splitter = FrameSplitter(1000)
+    for byte in (500).to_bytes(4, "big"):
+        assert splitter.declared_size is None
+        splitter.feed(bytes([byte]))
+    assert splitter.declared_size == 500

@@ -10,6 +10,7 @@ from kafka.protocol.producer import ProduceRequest
 from protocol.apis import KNOWN_APIS, ApiKey, api_name
 from protocol.errors import MalformedHeader, ProtocolError
 from protocol.headers import (
+    check_request_api,
     encode_request_header,
     encode_response_header,
     parse_request_header,
@@ -204,6 +205,28 @@ def test_negative_api_version_of_known_api() -> None:
     raw[2:4] = (-1).to_bytes(2, "big", signed=True)
     with pytest.raises(MalformedHeader, match="api version -1 is negative"):
         parse_request_header(bytes(raw))
+
+
+def test_negative_api_version_of_unknown_api() -> None:
+    """Forwarded opaque otherwise, but no Kafka API has a negative version."""
+    raw = (9999).to_bytes(2, "big") + (-3).to_bytes(2, "big", signed=True) + b"\x00\x00\x00\x01\xff\xff"
+    with pytest.raises(MalformedHeader, match=r"api version -3 is negative \(Unknown\(9999\)\)"):
+        parse_request_header(raw)
+
+
+@pytest.mark.parametrize(("head", "message"), [
+    (b"\xff\xff\x00\x00", "api key -1 is negative"),
+    (b"\x80\x00\x00\x00", "api key -32768 is negative"),
+    (b"\x00\x03\x80\x00", r"api version -32768 is negative \(Metadata\)"),
+])
+def test_check_request_api_refuses_negatives(head: bytes, message: str) -> None:
+    with pytest.raises(MalformedHeader, match=message):
+        check_request_api(head)
+
+
+def test_check_request_api_reads_key_and_version() -> None:
+    assert check_request_api(b"\x00\x12\x00\x04rest") == (ApiKey.API_VERSIONS, 4)
+    assert check_request_api(b"\x7f\xff\x7f\xff") == (32767, 32767)  # unknown, forwarded opaque
 
 
 def test_version_above_max_still_parsed_with_flexible_header() -> None:
