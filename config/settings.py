@@ -73,6 +73,27 @@ class ProxySettings:
     zookeeper: str | None = None
     #: Path prefix of Kafka's znodes in ZooKeeper, e.g. "/kafka" ("" is the root).
     zookeeper_chroot: str = ""
+    # -- what a client can make the proxy hold (see README "Limits a client cannot exceed") --------
+    #: Kafka's max.connections: client connections open at once; None means what the file
+    #: descriptor limit allows (each connection holds two descriptors: client and broker).
+    max_connections: int | None = None
+    #: Kafka's max.connections.per.ip; None means no limit below max_connections (Kafka's default).
+    max_connections_per_ip: int | None = None
+    #: Kafka's connections.max.idle.ms: a connection with no traffic either way for this long is
+    #: closed (none while a request is in flight or held by a throttle).
+    connections_max_idle_ms: int = 600_000
+    #: Like the clients' socket.connection.setup.timeout.ms: a connection must send one complete
+    #: request (and finish its SASL exchange, if it starts one) within this time of connecting.
+    connection_setup_timeout_ms: int = 10_000
+    #: Kafka's queued.max.request.bytes: request bytes all connections together may hold (read
+    #: but not yet forwarded); past it, the proxy stops reading from clients instead of allocating.
+    #: Must be at least max_request_bytes, so that one largest request always fits.
+    queued_max_request_bytes: int = 256 * 1024 * 1024
+    #: Bytes queued for one socket before the proxy stops reading the other side (backpressure end
+    #: to end: a client that does not read stops its broker connection being read).
+    connection_buffer_bytes: int = 256 * 1024
+    #: Live quota buckets per quota type; past it, new entities share one overflow bucket.
+    max_quota_buckets: int = 50_000
 
     @property
     def node_base(self) -> int:
@@ -84,6 +105,18 @@ class ProxySettings:
             return self.advertised_host
         host = self.listen[0]
         return socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+
+    def check(self) -> None:
+        """Settings that are valid one by one but not together."""
+        if self.queued_max_request_bytes < self.max_request_bytes:
+            raise SettingsError(
+                f"proxy.queued_max_request_bytes = {self.queued_max_request_bytes} is below "
+                f"proxy.max_request_bytes = {self.max_request_bytes}: the largest request could not be read")
+        if (self.max_connections_per_ip is not None and self.max_connections is not None
+                and self.max_connections_per_ip > self.max_connections):
+            raise SettingsError(
+                f"proxy.max_connections_per_ip = {self.max_connections_per_ip} is above "
+                f"proxy.max_connections = {self.max_connections}")
 
     def node_port(self, node_id: int) -> int:
         """The deterministic proxy port for a broker node id."""
@@ -143,10 +176,14 @@ def load_settings(path: Path | None) -> ProxySettings:
             settings.zookeeper_chroot = value
         elif key in ("node_port_base", "metrics_port", "max_request_bytes", "quota_window_num",
                      "quota_window_size_seconds", "producer_id_quota_window_num",
-                     "producer_id_quota_window_size_seconds", "metrics_max_entities"):
+                     "producer_id_quota_window_size_seconds", "metrics_max_entities",
+                     "max_connections", "max_connections_per_ip", "connections_max_idle_ms",
+                     "connection_setup_timeout_ms", "queued_max_request_bytes",
+                     "connection_buffer_bytes", "max_quota_buckets"):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SettingsError(f"proxy.{key} = {value!r} must be a positive integer")
             setattr(settings, key, value)
         else:
             raise SettingsError(f"unknown setting proxy.{key} in {path}")
+    settings.check()
     return settings

@@ -18,6 +18,9 @@ import uvloop
 
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
 
+from .logs import RepeatSummary
+from .logs import install as install_log_summary
+
 if TYPE_CHECKING:
     from config.store import FileQuotaStore
     from quotas.engine import QuotaTable
@@ -98,11 +101,16 @@ async def _watch_quota_files(store: FileQuotaStore) -> None:
         store.poll()
 
 
-async def _expire_idle_buckets(server: ProxyServer) -> None:
-    """Kafka drops a client's quota sensors after an hour idle; check once a minute."""
+#: How often quota buckets are expired (see QuotaEngine.expire_idle) and repeated log lines summarised.
+HOUSEKEEPING_SECONDS = 1.0
+
+
+async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
+    """Expire quota buckets whose history has passed, and summarise repeated log lines."""
     while True:
-        await asyncio.sleep(60)
+        await asyncio.sleep(HOUSEKEEPING_SECONDS)
         server.engine.expire_idle(int(time.monotonic() * 1000))
+        summary.flush()
 
 
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
@@ -114,11 +122,17 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     server = ProxyServer(settings)
     store = await _open_quota_store(settings, server)
     server.quota_admin.store = store
+    endpoint = None
     if settings.metrics_port:
-        from prometheus_client import start_http_server
+        from .http_endpoint import HttpEndpoint
 
-        start_http_server(settings.metrics_port, registry=server.metrics.registry)
-        print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics", flush=True)
+        endpoint = HttpEndpoint(server.metrics.registry, server.metrics.quotas.refresh, server.ready)
+        try:
+            await endpoint.start(None, settings.metrics_port)  # every interface, as before
+        except OSError as exc:
+            raise SettingsError(f"cannot serve metrics on port {settings.metrics_port}: {exc}") from exc
+        print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
+              "(health: /healthz, /ready)", flush=True)
     await server.start()
     host, port = server.bootstrap_address
     print(f"kthrottle: clients use bootstrap.servers={host}:{port}", flush=True)
@@ -136,7 +150,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [loop.create_task(_expire_idle_buckets(server))]
+    summary = install_log_summary()
+    tasks = [loop.create_task(_housekeeping(server, summary))]
     if isinstance(store, FileQuotaStore):
         file_store = store
         loop.add_signal_handler(signal.SIGHUP, file_store.reload)
@@ -148,7 +163,10 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         await loop.run_in_executor(None, store.stop)
     if demo_producer is not None:
         await asyncio.get_running_loop().run_in_executor(None, demo_producer.stop)
+    if endpoint is not None:
+        await endpoint.close()
     await server.close()
+    summary.flush(force=True)
 
 
 def _tune_malloc() -> None:

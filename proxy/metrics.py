@@ -8,6 +8,7 @@ the rest are folded into one series labelled "__other__".
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 from quotas.engine import QuotaEngine
+from quotas.manager import Bucket
 from quotas.types import QuotaType
 
 OTHER = "__other__"
@@ -39,15 +41,36 @@ def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+#: Buckets read per slice of a scrape's snapshot; the loop serves other connections in between.
+SNAPSHOT_SLICE = 2000
+
+
+def _throttle_avg_max(bucket: Bucket, now_ms: int) -> tuple[float, float]:
+    """Kafka's throttle-time avg and max (ms) over the window."""
+    throttle = bucket.throttle
+    if throttle is None:
+        return 0.0, 0.0
+    return throttle.average(now_ms), throttle.maximum(now_ms)
+
+
 class QuotaCollector(Collector):
-    """Reads every quota bucket of the engine at scrape time."""
+    """The quota buckets' figures, from a snapshot the event loop takes before each scrape.
+
+    The loop owns the buckets; `refresh` (a coroutine on the loop) reads them in slices and
+    builds finished metric families, and `collect` (called by prometheus-client's formatter, on
+    any thread) only hands those out. A scrape therefore never reads a dict while it changes.
+    """
 
     def __init__(self, engine: QuotaEngine, max_entities: int) -> None:
         self.engine = engine
         self.max_entities = max_entities
+        self._families: list[GaugeMetricFamily | CounterMetricFamily] = []
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        now = _monotonic_ms()
+        yield from self._families
+
+    async def refresh(self) -> None:
+        """Take the snapshot `collect` serves (call on the event loop that owns the engine)."""
         labels = ["quota", "user", "client_id"]
         limit = GaugeMetricFamily("kthrottle_quota_limit",
                                   "The quota bound in force, in the quota's own unit", labels=labels)
@@ -65,32 +88,47 @@ class QuotaCollector(Collector):
                  for quota_type, (name, text) in _RATE_FAMILIES.items()}
         for quota_type, manager in self.engine.managers.items():
             folded: dict[str, float] = {}
-            for index, (key, bucket) in enumerate(list(manager.buckets.items())):
-                rate = bucket.rate.measure(now)
-                avg = bucket.throttle.average(now) / 1000.0
-                peak = bucket.throttle.maximum(now) / 1000.0
-                if index >= self.max_entities:
-                    folded["rate"] = folded.get("rate", 0.0) + rate
-                    folded["max"] = max(folded.get("max", 0.0), peak)
-                    folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
-                    folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
-                    continue
-                values = [quota_type.value, key.user, key.client_id]
-                rates[quota_type].add_metric(values, rate)
-                if bucket.applies:
-                    limit.add_metric(values, bucket.bound)
-                throttle_avg.add_metric(values, avg)
-                throttle_max.add_metric(values, peak)
-                throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)
-                throttles.add_metric(values, bucket.throttle_count)
+            # Buckets that come or go while the slices are read wait for the next scrape.
+            items = list(manager.buckets.items())
+            for start in range(0, len(items), SNAPSHOT_SLICE):
+                if start:
+                    await asyncio.sleep(0)
+                now = _monotonic_ms()
+                for index in range(start, min(start + SNAPSHOT_SLICE, len(items))):
+                    key, bucket = items[index]
+                    rate = bucket.rate.measure(now)
+                    avg, peak = _throttle_avg_max(bucket, now)
+                    if index >= self.max_entities:
+                        folded["rate"] = folded.get("rate", 0.0) + rate
+                        folded["max"] = max(folded.get("max", 0.0), peak / 1000.0)
+                        folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
+                        folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
+                        continue
+                    values = [quota_type.value, key.user, key.client_id]
+                    rates[quota_type].add_metric(values, rate)
+                    if bucket.applies:
+                        limit.add_metric(values, bucket.bound)
+                    throttle_avg.add_metric(values, avg / 1000.0)
+                    throttle_max.add_metric(values, peak / 1000.0)
+                    throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)
+                    throttles.add_metric(values, bucket.throttle_count)
             if folded:
                 values = [quota_type.value, OTHER, OTHER]
                 rates[quota_type].add_metric(values, folded["rate"])
                 throttle_max.add_metric(values, folded["max"])
                 throttle_total.add_metric(values, folded["total"])
                 throttles.add_metric(values, folded["count"])
-        yield from rates.values()
-        yield from (limit, throttle_avg, throttle_max, throttle_total, throttles)
+        buckets = GaugeMetricFamily("kthrottle_quota_buckets",
+                                    "Live quota buckets per quota type (bounded by max_quota_buckets)",
+                                    labels=["quota"])
+        overflow = CounterMetricFamily(
+            "kthrottle_quota_bucket_overflow",
+            "Charges to the shared overflow bucket because max_quota_buckets was reached", labels=["quota"])
+        for quota_type, manager in self.engine.managers.items():
+            buckets.add_metric([quota_type.value], len(manager.buckets))
+            overflow.add_metric([quota_type.value], manager.overflow_charges)
+        self._families = [*rates.values(), limit, throttle_avg, throttle_max, throttle_total, throttles,
+                          buckets, overflow]
 
 
 class ProxyMetrics:
@@ -115,7 +153,22 @@ class ProxyMetrics:
                                           1.0, 2.5, 5.0, 10.0), registry=r)
         self.throttled = Counter("kthrottle_throttled_responses", "Responses the proxy throttled, per API",
                                  ["api"], registry=r)
-        r.register(QuotaCollector(engine, max_entities))
+        self.upstream_up = Gauge("kthrottle_upstream_up",
+                                 "1 while at least one upstream broker accepts connections, else 0",
+                                 registry=r)
+        self.refused = Counter("kthrottle_connections_refused",
+                               "Client connections closed at once, by the limit they were over",
+                               ["reason"], registry=r)
+        self.closed = Counter("kthrottle_connections_closed",
+                              "Client connections the proxy closed, by why", ["reason"], registry=r)
+        self.queued_request_bytes = Gauge(
+            "kthrottle_queued_request_bytes",
+            "Request bytes held by all connections (bounded by queued_max_request_bytes)", registry=r)
+        self.memory_waiting = Gauge(
+            "kthrottle_memory_waiting_connections",
+            "Connections not being read until queued_max_request_bytes has room", registry=r)
+        self.quotas = QuotaCollector(engine, max_entities)
+        r.register(self.quotas)
         self._children: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
 
     def exchange(self, api_key: int, request_bytes: int, response_bytes: int, latency_ms: float) -> None:

@@ -30,9 +30,12 @@ from protocol.connection import (
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.rate import WindowConfig
 
+from .admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .discovery import discover_brokers
+from .memory_pool import RequestMemoryPool
 from .metrics import ProxyMetrics
 from .quota_admin import QuotaAdminService
+from .upstream_health import UpstreamHealth, describe_error
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -94,6 +97,11 @@ class OrderedWriter:
         if self._held:
             self._schedule()
 
+    @property
+    def holding(self) -> bool:
+        """Whether writes are held for a delay."""
+        return bool(self._held)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -110,7 +118,7 @@ class _Upstream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
-        self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self.transport.set_write_buffer_limits(high=self.session.server.settings.connection_buffer_bytes)
 
     def data_received(self, data: bytes) -> None:
         self.session.on_broker_data(data)
@@ -119,7 +127,8 @@ class _Upstream(asyncio.Protocol):
         self.session.on_broker_lost(exc)
 
     def pause_writing(self) -> None:
-        self.session.pause_client_reading()
+        backlog = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        self.session.pause_client_reading(backlog)
 
     def resume_writing(self) -> None:
         self.session.resume_client_reading()
@@ -152,22 +161,76 @@ class ClientSession(asyncio.Protocol):
         self._unmute: asyncio.TimerHandle | None = None
         self._to_client = OrderedWriter()
         self._to_broker = OrderedWriter()
+        self._ip = "?"
+        #: counted by the connection limits (a refused connection never is)
+        self._admitted = False
+        self._setup_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        #: last traffic either way (now_ms), for connections_max_idle_ms
+        self._last_active = 0.0
+        #: request bytes queued for the broker while its connection is not taking them
+        self._upstream_backlog = 0
 
     # -- client side ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
-        self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)
-        self._to_client.transport = self.transport
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._ip = str(peer[0]) if peer else "?"
+        refused = self.server.limits.admit(self._ip)
+        if refused is not None:
+            self._closing = True
+            self.server.metrics.refused.labels(refused.partition(" ")[0]).inc()
+            log.warning("refused a connection from %s: %s", self._peer, refused)
+            transport.close()
+            return
+        self._admitted = True
+        settings = self.server.settings
+        self.transport.set_write_buffer_limits(high=settings.connection_buffer_bytes)
+        self._to_client.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.sessions.add(self)
         self.server.metrics.connections.inc()
         self._block("connecting")
-        self._connecting = asyncio.get_running_loop().create_task(self._connect_upstream())
+        loop = asyncio.get_running_loop()
+        self._last_active = now_ms()
+        setup_s = settings.connection_setup_timeout_ms / 1000.0
+        self._setup_timer = loop.call_later(setup_s, self._setup_expired)
+        self._idle_timer = loop.call_later(settings.connections_max_idle_ms / 1000.0, self._idle_check)
+        self._connecting = loop.create_task(self._connect_upstream())
+
+    def _setup_expired(self) -> None:
+        """connection_setup_timeout_ms: a connection must get going, or give its place back."""
+        self._setup_timer = None
+        if self._closing or self.conn.established:
+            return
+        timeout = self.server.settings.connection_setup_timeout_ms
+        if self.upstream is None:  # still connecting to the broker: that has its own timeout
+            self._setup_timer = asyncio.get_running_loop().call_later(timeout / 1000.0, self._setup_expired)
+            return
+        what = ("finish its SASL exchange" if self.conn.authenticated_mechanism is None
+                and self.conn.in_flight else "send a complete request")
+        self.close(f"did not {what} within {timeout} ms of connecting (connection_setup_timeout_ms)",
+                   kind="setup_timeout")
+
+    def _idle_check(self) -> None:
+        """connections_max_idle_ms: close a connection nothing has used for that long."""
+        self._idle_timer = None
+        if self._closing:
+            return
+        idle_ms = self.server.settings.connections_max_idle_ms
+        quiet = now_ms() - self._last_active
+        busy = (self.conn.in_flight or self.conn.waiting_requests or self._unmute is not None
+                or self._to_client.holding or self._to_broker.holding)
+        if quiet >= idle_ms and not busy:
+            self.close(f"idle for {quiet / 1000:.0f} s (connections_max_idle_ms = {idle_ms})",
+                       kind="idle", level=logging.INFO)
+            return
+        wait = idle_ms - quiet if quiet < idle_ms else idle_ms
+        self._idle_timer = asyncio.get_running_loop().call_later(max(wait, 1.0) / 1000.0, self._idle_check)
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -178,7 +241,7 @@ class ClientSession(asyncio.Protocol):
                     loop.create_connection(lambda: _Upstream(self), host, port), timeout=10
                 )
             except (TimeoutError, OSError) as exc:
-                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                errors.append(f"{host}:{port}: {describe_error(exc, 10)}")
                 continue
             if self._closing and not self._client_gone:  # closed for a reason: nothing goes on
                 protocol.transport.close()  # type: ignore[attr-defined]
@@ -192,6 +255,7 @@ class ClientSession(asyncio.Protocol):
                 pending, self._pending = self._pending, []
                 for data in pending:
                     self._feed(self.conn.receive_from_client, data, "client")
+                self._account()
             if self._client_gone:
                 # The client left before the broker connection was up: what it sent still goes
                 # (an acks=0 Produce has no other chance), then this side closes too.
@@ -200,24 +264,62 @@ class ClientSession(asyncio.Protocol):
             self._unblock("connecting")
             return
         target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
-        self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})")
+        # While the upstream is known to be down, that was said once (upstream_health); not per client.
+        level = logging.DEBUG if self.server.health.up is False else logging.WARNING
+        self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})",
+                   kind="upstream_unreachable", level=level)
 
     def data_received(self, data: bytes) -> None:
+        if self._closing and not self._admitted:
+            return
         if self.upstream is None:
             self._pending.append(data)
+            if sum(map(len, self._pending)) > self.server.settings.max_request_bytes + 4:
+                self.close("sent more than max_request_bytes before its broker connection was up",
+                           kind="bad_data")
             return
         self._feed(self.conn.receive_from_client, data, "client")
+        self._account()
 
     def _feed(self, receive: Callable[[bytes, float], list[Action]], data: bytes, side: str) -> None:
+        now = self._last_active = now_ms()
         try:
-            actions = receive(data, now_ms())
+            actions = receive(data, now)
         except Exception as exc:  # a bug must cost one connection, never the proxy
             log.exception("%s: unexpected error on %s data", self.conn.name, side)
-            self.close(f"internal error on {side} data: {exc!r}")
+            self.close(f"internal error on {side} data: {exc!r}", kind="internal_error")
             return
         self._execute(actions)
 
+    # -- memory (queued_max_request_bytes) -------------------------------------------------------
+
+    def _account(self) -> None:
+        """Tell the pool what this connection holds and wants; stop reading if it must wait."""
+        if self._closing:
+            return
+        pool = self.server.memory
+        want = self.conn.request_memory_need + self._upstream_backlog
+        if want == pool.held(self) and "memory" not in self._read_blocks:
+            return
+        holding = self.conn.request_bytes_held + self._upstream_backlog
+        if pool.request(self, want, holding, self._memory_granted):
+            self._unblock("memory")
+        else:
+            self._block("memory")
+
+    def _memory_granted(self) -> None:
+        self._unblock("memory")
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self.server.limits.release(self._ip)
+        self.server.memory.release(self)
+        for timer in (self._setup_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._setup_timer = self._idle_timer = None
         self.server.sessions.discard(self)
         self.server.metrics.connections.dec()
         if self._unmute is not None:
@@ -275,11 +377,15 @@ class ClientSession(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def pause_client_reading(self) -> None:
+    def pause_client_reading(self, backlog: int) -> None:
         self._block("backpressure")
+        self._upstream_backlog = backlog
+        self._account()
 
     def resume_client_reading(self) -> None:
         self._unblock("backpressure")
+        self._upstream_backlog = 0
+        self._account()
 
     def _block(self, reason: str) -> None:
         if not self._read_blocks and self.transport is not None:
@@ -315,6 +421,7 @@ class ClientSession(asyncio.Protocol):
         self._unblock("throttle")
         # Requests read before the mute began now go on (or re-arm the mute if it fired early).
         self._feed(lambda _data, now: self.conn.resume(now), b"", "client")
+        self._account()
 
     # -- actions --------------------------------------------------------------------------------
 
@@ -343,25 +450,30 @@ class ClientSession(asyncio.Protocol):
                 self.server.background.add(task)
                 task.add_done_callback(self.server.background.discard)
             elif isinstance(action, Close):
-                self.close(action.reason)
+                self.close(action.reason, kind="bad_data")
 
     async def _answer_quota_admin(self, request: QuotaAdmin) -> None:
         try:
             response = await self.server.quota_admin.answer(request)
         except Exception as exc:  # a bug must cost one connection, never the proxy
             log.exception("%s: answering %s failed", self.conn.name, api_name(request.api_key))
-            self.close(f"internal error answering {api_name(request.api_key)}: {exc!r}")
+            self.close(f"internal error answering {api_name(request.api_key)}: {exc!r}",
+                       kind="internal_error")
             return
         if self._closing:
             return
         self._execute(self.conn.answer_quota_admin(response, now_ms()))
         self._unblock("quota-admin")
+        self._account()
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, *, kind: str = "other", level: int = logging.WARNING) -> None:
+        """Close both sides; `kind` labels kthrottle_connections_closed, `reason` is logged."""
         if self._closing:
             return
-        log.warning("%s from %s closed: %s", self.conn.name, self._peer, reason)
+        log.log(level, "%s from %s closed: %s", self.conn.name, self._peer, reason)
+        self.server.metrics.closed.labels(kind).inc()
         self._closing = True
+        self.server.memory.release(self)
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
         if self.transport is not None:
@@ -383,6 +495,19 @@ class ProxyServer:
                                     settings.producer_id_quota_window_size_seconds * 1000),
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
+        descriptors = raise_descriptor_limit()
+        fits = connections_for_descriptors(descriptors)
+        max_connections = settings.max_connections or fits
+        if max_connections > fits:
+            log.warning("max_connections = %d needs %d file descriptors, but the limit is %d: "
+                        "new connections may fail once descriptors run out (raise ulimit -n)",
+                        max_connections, max_connections * 2, descriptors)
+        self.limits = ConnectionLimits(max_connections, settings.max_connections_per_ip)
+        self.memory = RequestMemoryPool(settings.queued_max_request_bytes)
+        self.metrics.queued_request_bytes.set_function(lambda: self.memory.used)
+        self.metrics.memory_waiting.set_function(lambda: self.memory.waiting)
+        self.health = UpstreamHealth(self._probe_candidates,
+                                     on_change=lambda up: self.metrics.upstream_up.set(1 if up else 0))
         #: answers the admin quota APIs; `run` gives it the quota store
         self.quota_admin = QuotaAdminService(settings, None, lambda: self.engine.table,
                                              self.engine.set_quotas)
@@ -392,6 +517,7 @@ class ProxyServer:
         self._listeners: dict[int | None, socket.socket] = {}
         self._serving: list[asyncio.Task[asyncio.AbstractServer]] = []
         self._rotation = itertools.count()
+        self._probing: asyncio.Task[None] | None = None
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -406,6 +532,15 @@ class ProxyServer:
         servers = self.settings.upstream
         start = next(self._rotation) % len(servers)
         return servers[start:] + servers[:start]
+
+    def _probe_candidates(self) -> list[Address]:
+        """Where to check that the cluster is reachable: known brokers first, then the bootstrap list."""
+        known = list(self.directory.addresses.values())
+        return known + [address for address in self.settings.upstream if address not in known]
+
+    def ready(self) -> tuple[bool, str]:
+        """For /ready: at least one broker reachable."""
+        return bool(self.health.up), self.health.reason
 
     @property
     def bootstrap_address(self) -> Address:
@@ -453,22 +588,27 @@ class ProxyServer:
         self._listeners[None] = sock
         self._serving.append(loop.create_task(
             loop.create_server(lambda: ClientSession(self, None), sock=sock)))
-        try:
-            brokers = await discover_brokers(self.settings.upstream)
-        except Exception as exc:  # SASL-only listeners: learn brokers from client traffic instead
-            log.info("broker discovery skipped (%s); brokers are learned from client metadata", exc)
-        else:
-            self.learn(brokers)
+        if await self.health.probe():
+            try:
+                brokers = await discover_brokers(self.settings.upstream)
+            except Exception as exc:  # SASL-only listeners: learn brokers from client traffic instead
+                log.info("broker discovery skipped (%s); brokers are learned from client metadata",
+                         describe_error(exc, 5))
+            else:
+                self.learn(brokers)
         await asyncio.gather(*self._serving)
+        self._probing = loop.create_task(self.health.run())
         log.info("bootstrap listener on %s:%d, upstream %s", *self.bootstrap_address,
                  ",".join(f"{h}:{p}" for h, p in self.settings.upstream))
 
     async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
         servers = [server for server in await asyncio.gather(*self._serving, return_exceptions=True)
                    if isinstance(server, asyncio.AbstractServer)]
         for server in servers:
             server.close()
         for session in list(self.sessions):
-            session.close("proxy shutting down")
+            session.close("proxy shutting down", kind="shutdown", level=logging.INFO)
         for server in servers:
             await server.wait_closed()
