@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -45,7 +46,9 @@ def free_port_block(size: int, start: int = 21000, stop: int = 60000) -> int:
 class RunningProxy:
     """`kthrottle run` as a subprocess, with its log in a file."""
 
-    def __init__(self, upstream: str, *, extra_args: list[str] | None = None, max_node_id: int = 9) -> None:
+    def __init__(self, upstream: str, *, extra_args: list[str] | None = None, max_node_id: int = 9,
+                 nofile: int | None = None) -> None:
+        """`nofile`: run the proxy with this file-descriptor limit (soft and hard), to test running out."""
         self.port = free_port_block(max_node_id + 2)
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.upstream = upstream
@@ -54,8 +57,13 @@ class RunningProxy:
         self.log_path = Path(self._log.name)
         cmd = [sys.executable, "-m", "proxy.cli", "run", "--upstream", upstream,
                "--listen", self.bootstrap, *(extra_args or [])]
+        def limit_descriptors() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                        preexec_fn=limit_descriptors if nofile is not None else None)
         deadline = time.monotonic() + 30
         while "bootstrap.servers=" not in self.log():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -7,6 +7,7 @@ scrapes during a storm of client ids, an unreachable upstream, and repeated log 
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import struct
@@ -172,6 +173,47 @@ def test_connection_limits_refuse_politely_and_free_up(limited_proxy: QuotaProxy
     log = limited_proxy.log()
     assert "refused a connection from 127.0.0.1:" in log and "max_connections_per_ip = 30 reached" in log
     assert "max_connections = 40 reached" in log
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_running_out_of_descriptors_refuses_clients_and_keeps_metrics(kafka_cluster: LocalKafka) -> None:
+    """With 256 descriptors the default max_connections is (256 - 64) / 2 = 96: the rest are refused,
+    /metrics still answers, and nothing spins while the silent connections sit there."""
+    metrics_port = free_port_block(1, start=40000)
+    with RunningProxy(kafka_cluster.bootstrap, nofile=256,
+                      extra_args=["--metrics-port", str(metrics_port)]) as running:
+        opened: list[socket.socket] = []
+        try:
+            for _ in range(150):
+                opened.append(connect(running.port))
+            wait_until(lambda: "kthrottle_connections 96.0" in http_get(metrics_port, "/metrics")[1], 15,
+                       "96 connections admitted")
+            time.sleep(0.5)
+            refused = 0
+            for sock in opened:
+                sock.setblocking(False)
+                try:
+                    refused += sock.recv(1) == b""
+                except BlockingIOError:
+                    pass  # open: admitted
+                except ConnectionResetError:
+                    refused += 1
+            assert refused == 150 - 96
+            status, text = http_get(metrics_port, "/metrics")
+            assert status == 200
+            assert 'kthrottle_connections_refused_total{reason="max_connections"} 54.0' in text
+            before = cpu_seconds(running.process.pid)
+            time.sleep(2)
+            used = cpu_seconds(running.process.pid) - before
+            assert used < 0.5, f"the proxy used {used:.2f} s of CPU in 2 s with nothing to do"
+        finally:
+            for sock in opened:
+                sock.close()
+        assert "max_connections = 96 reached" in running.log()
 
 
 # -- health ---------------------------------------------------------------------------------------
