@@ -3,7 +3,9 @@
 1. Proxy RSS while 1,000 clients each ask for a large fetch and never read it, beside the budget
    (the RSS before + 1,000 x what one connection may buffer: `connection_buffer_bytes` queued for
    the client plus one read from the broker).
-2. Proxy RSS after 200,000 distinct client ids under a `<default>` client-id quota, beside the
+2. Proxy RSS while eight clients each send a 100 MB request at once, and a few seconds after, beside
+   the budget `queued_max_request_bytes` sets (before it, RSS went from 38 to 791 MB and stayed).
+3. Proxy RSS after 200,000 distinct client ids under a `<default>` client-id quota, beside the
    budget that `max_quota_buckets` sets, and the time one /metrics scrape takes then.
 
 Figures are printed, never asserted: the budgets are what the limits promise, to compare by eye.
@@ -12,6 +14,7 @@ Figures are printed, never asserted: the budgets are what the limits promise, to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import socket
 import struct
@@ -89,6 +92,53 @@ def non_reading(cluster: LocalKafka, clients: int, fetch_mb: int) -> str:
             "per client")
 
 
+def large_requests(cluster: LocalKafka, clients: int, request_mb: int) -> str:
+    import threading
+
+    size = request_mb * 1024 * 1024
+    header = encode_request_header(18, 0, 1, "large")  # ApiVersions v0, padded: the broker refuses it
+    chunk = b"\0" * (1024 * 1024)
+    with RunningProxy(cluster.bootstrap) as proxy:
+        time.sleep(1)
+        before = peak = rss(proxy.process.pid)
+        done = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, rss(proxy.process.pid))
+                time.sleep(0.05)
+
+        def send() -> None:
+            with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+                sock.sendall(struct.pack(">i", size) + header)
+                left = size - len(header)
+                while left > 0:
+                    sock.sendall(chunk[:left])
+                    left -= len(chunk)
+                sock.settimeout(30)
+                with contextlib.suppress(OSError):
+                    sock.recv(1)  # an answer or a close: the broker had it all
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        began = time.monotonic()
+        senders = [threading.Thread(target=send) for _ in range(clients)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(120)
+        took = time.monotonic() - began
+        time.sleep(5)
+        done.set()
+        sampler.join()
+        after = rss(proxy.process.pid)
+    budget = ProxySettings().queued_max_request_bytes
+    return (f"{clients} clients sending {request_mb} MB requests at once: proxy RSS {before / 1e6:.0f} -> "
+            f"peak {peak / 1e6:.0f} MB -> {after / 1e6:.0f} MB 5 s after ({took:.1f} s); budget "
+            f"queued_max_request_bytes {budget / 1e6:.0f} MB; before the bound: 38 -> 791 MB, not given back")
+
+
 def metadata_request(correlation_id: int, client_id: str) -> bytes:
     return frame(encode_request_header(3, 1, correlation_id, client_id) + bytes(MetadataRequest[1](topics=[])
                                                                                   .encode()))
@@ -144,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-mb", type=int, default=8, help="what each non-reading client asks for")
     parser.add_argument("--ids", type=int, default=200_000, help="distinct client ids in the storm")
     args = parser.parse_args(argv)
-    with LocalKafka(brokers=1) as cluster:
-        lines = [non_reading(cluster, args.clients, args.fetch_mb), client_id_storm(cluster, args.ids)]
+    with LocalKafka(brokers=1, heap_mb=1536) as cluster:  # room for eight 100 MB requests
+        lines = [non_reading(cluster, args.clients, args.fetch_mb), large_requests(cluster, 8, 100),
+                 client_id_storm(cluster, args.ids)]
     print()
     print("\n".join(lines))
     return 0

@@ -105,12 +105,27 @@ async def _watch_quota_files(store: FileQuotaStore) -> None:
 HOUSEKEEPING_SECONDS = 1.0
 
 
+#: After the request memory pool held this much and drained, free memory goes back to the system.
+TRIM_AFTER_BYTES = 32 * 1024 * 1024
+
+
 async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
-    """Expire quota buckets whose history has passed, and summarise repeated log lines."""
+    """Expire quota buckets whose history has passed, summarise repeated log lines, and give memory
+    back after a spike of large requests (see _tune_malloc: glibc keeps freed memory otherwise)."""
     while True:
         await asyncio.sleep(HOUSEKEEPING_SECONDS)
         server.engine.expire_idle(int(time.monotonic() * 1000))
         summary.flush()
+        pool = server.memory
+        if pool.peak >= TRIM_AFTER_BYTES and pool.used < TRIM_AFTER_BYTES // 4:
+            pool.peak = pool.used
+            _trim_malloc()
+
+
+def _trim_malloc() -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:

@@ -21,6 +21,8 @@ class RequestMemoryPool:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        #: the most held at once since the caller last reset it (to give memory back after a spike)
+        self.peak = 0
         self._held: dict[object, int] = {}
         #: holder -> (bytes it wants in all, called when granted)
         self._waiting: OrderedDict[object, tuple[int, Callable[[], None]]] = OrderedDict()
@@ -34,6 +36,8 @@ class RequestMemoryPool:
 
     def _set(self, holder: object, amount: int) -> None:
         self.used += amount - self._held.get(holder, 0)
+        if self.used > self.peak:
+            self.peak = self.used
         if amount:
             self._held[holder] = amount
         else:

@@ -273,10 +273,11 @@ class ClientSession(asyncio.Protocol):
         if self._closing and not self._admitted:
             return
         if self.upstream is None:
+            # uvloop starts reading after connection_made returns, whatever it asked: pause here,
+            # so what waits for the broker connection is one read, not everything the client sends.
             self._pending.append(data)
-            if sum(map(len, self._pending)) > self.server.settings.max_request_bytes + 4:
-                self.close("sent more than max_request_bytes before its broker connection was up",
-                           kind="bad_data")
+            if self.transport is not None:
+                self.transport.pause_reading()
             return
         self._feed(self.conn.receive_from_client, data, "client")
         self._account()
