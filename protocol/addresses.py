@@ -3,6 +3,11 @@
 Node ids are kept as they are, so leader routing and coordinator lookups stay consistent; only
 (host, port) change, to the proxy listener that stands for that node id. The real addresses seen
 on the way are returned, so the proxy knows where each node id lives.
+
+Metadata and DescribeCluster responses can be large (every topic and partition of the cluster), so
+only their brokers array is read (`broker_array.py`) and each (host, port) pair is replaced in
+place: the cost does not grow with the topics, and the rest goes on byte for byte. FindCoordinator
+answers are small and Produce/Fetch NodeEndpoints rare, so those are decoded and re-encoded.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .apis import KNOWN_APIS, ApiKey
+from .broker_array import BrokerArray, describe_cluster_brokers, encode_address, metadata_brokers
 from .errors import MalformedBody
 from .headers import response_body_offset
 from .skim import fetch_response_has_tags, produce_response_has_tags
@@ -52,6 +58,26 @@ def _swap(node: Any, node_id: int, advertise: Advertise, seen: dict[int, Address
     return True
 
 
+def _splice_brokers(frame: bytes, array: BrokerArray, advertise: Advertise) -> RewriteResult:
+    """Replace each real broker's (host, port) bytes; copy everything else as it is."""
+    seen: dict[int, Address] = {}
+    view = memoryview(frame)
+    pieces: list[bytes | memoryview] = []
+    copied = 0
+    for broker in array.brokers:
+        if broker.node_id < 0 or not broker.host:
+            continue  # a placeholder entry: nothing to rewrite
+        seen[broker.node_id] = (broker.host, broker.port)
+        host, port = advertise(broker.node_id)
+        pieces.append(view[copied : broker.address_start])
+        pieces.append(encode_address(host, port, array.flexible))
+        copied = broker.address_end
+    if not pieces:
+        return RewriteResult(frame, seen)
+    pieces.append(view[copied:])
+    return RewriteResult(b"".join(pieces), seen)
+
+
 def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_version: int,
                       advertise: Advertise) -> RewriteResult:
     """Rewrite every broker address in a response frame (header included, size prefix not).
@@ -61,6 +87,10 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
     """
     spec = KNOWN_APIS[api_key]
     start = response_body_offset(frame, header_version)
+    if api_key == ApiKey.METADATA:
+        return _splice_brokers(frame, metadata_brokers(frame, start, api_version), advertise)
+    if api_key == ApiKey.DESCRIBE_CLUSTER:
+        return _splice_brokers(frame, describe_cluster_brokers(frame, start, api_version), advertise)
     # NodeEndpoints is a top-level tagged field: a Produce or Fetch response without any (the
     # broker adds them only when a leader moved) goes on untouched, skimmed but not decoded.
     if api_key == ApiKey.PRODUCE and not produce_response_has_tags(frame, start, api_version):
@@ -75,11 +105,7 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
         ) from exc
     seen: dict[int, Address] = {}
     changed = False
-    if api_key == ApiKey.METADATA or api_key == ApiKey.DESCRIBE_CLUSTER:
-        for broker in message.brokers:
-            node_id = broker.node_id if api_key == ApiKey.METADATA else broker.broker_id
-            changed |= _swap(broker, node_id, advertise, seen)
-    elif api_key == ApiKey.FIND_COORDINATOR:
+    if api_key == ApiKey.FIND_COORDINATOR:
         if api_version < 4:
             changed |= _swap(message, message.node_id, advertise, seen)
         else:
