@@ -52,6 +52,8 @@ test: $(STAMP) kafka tools lint typecheck
 
 bench: $(STAMP) kafka
 	$(PY) -m bench.throughput
+	$(PY) -m bench.hardening
+	$(PY) -m bench.metadata_load
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 from config.settings import Address, ProxySettings, SettingsError
 from protocol.apis import api_name
+from protocol.errors import ProtocolError
 from protocol.connection import (
     Action,
     Authenticated,
@@ -523,7 +524,10 @@ class ProxyServer:
     # -- addresses ------------------------------------------------------------------------------
 
     def advertise(self, node_id: int) -> Address:
-        return self.settings.advertised, self.settings.node_port(node_id)
+        try:
+            return self.settings.advertised, self.settings.node_port(node_id)
+        except SettingsError as exc:  # the broker named a node the port range cannot hold
+            raise ProtocolError(str(exc)) from exc
 
     def upstream_for(self, node_id: int | None) -> list[Address]:
         """Candidates to connect to: the node's own address, or the bootstrap list rotated."""
