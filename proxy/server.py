@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 
 from config.settings import Address, ProxySettings, SettingsError
 from protocol.apis import api_name
-from protocol.errors import ProtocolError
 from protocol.connection import (
     Action,
     Authenticated,
@@ -28,6 +27,7 @@ from protocol.connection import (
     ToBroker,
     ToClient,
 )
+from protocol.errors import ProtocolError
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.rate import WindowConfig
 
