@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .entity import QuotaEntity
-from .manager import Charge, ClientQuotaManager
+from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
 from .types import QuotaType
@@ -29,7 +29,17 @@ class EngineConfig:
         default_factory=lambda: WindowConfig(DEFAULT_PID_WINDOW_SAMPLES, DEFAULT_PID_WINDOW_MS))
     pid_filter_capacity: int = 10_000
     pid_false_positive_rate: float = 0.01
+    #: users whose producer ids are tracked at once (each holds at most MAX_LAYERS Bloom filters)
     pid_max_users: int = 1000
+    #: live buckets per quota type (see manager.py: past it, new `<default>` buckets overflow
+    #: into one shared bucket); None only for tests and tools
+    max_buckets: int | None = DEFAULT_MAX_BUCKETS
+
+    def __post_init__(self) -> None:
+        if self.max_buckets is not None and self.max_buckets < 1:
+            raise ValueError(f"max_buckets must be at least 1, got {self.max_buckets}")
+        if self.pid_max_users < 1:
+            raise ValueError(f"pid_max_users must be at least 1, got {self.pid_max_users}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +62,19 @@ class QuotaEngine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         window = config.window
+        cap = config.max_buckets
         self.managers: dict[QuotaType, ClientQuotaManager] = {
-            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window),
-            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window),
+            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window, max_buckets=cap),
+            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window, max_buckets=cap),
             QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window,
-                                                  max_throttle_ms=window.window_ms),
-            QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window),
+                                                  max_throttle_ms=window.window_ms, max_buckets=cap),
+            QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window,
+                                                       max_buckets=cap),
         }
         self.producer_ids = ProducerIdTracker(config.pid_window.window_ms, config.pid_filter_capacity,
                                               config.pid_false_positive_rate, config.pid_max_users)
         self.table: QuotaTable = {}
+        self._expiry_turn = 0
 
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history."""
@@ -145,5 +158,34 @@ class QuotaEngine:
             managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
         return Verdict(worst.throttle_ms, worst_type)
 
-    def expire_idle(self, now_ms: int) -> int:
-        return sum(manager.expire_idle(now_ms) for manager in self.managers.values())
+    # -- what the I/O layer runs and exports -------------------------------------------------------
+
+    def expire_idle(self, now_ms: int, budget: int = EXPIRY_BUDGET) -> int:
+        """Drop quota state no decision needs any more; returns how many buckets went.
+
+        Call it about once a second from the event loop: buckets then go within a second or
+        two of their rate's expiry (11 s after their last charge by default), dormant ones
+        an hour after it, and producer-id filters of users whose layers all expired. At most
+        `budget` buckets and users are examined per call (a few ms at most, however many
+        exist); what is left waits for the next call, and the bucket cap never waits for it.
+        """
+        managers = list(self.managers.values())
+        # each call starts with the next quota type, so a backlog in one never starves the others
+        self._expiry_turn = (self._expiry_turn + 1) % len(managers)
+        dropped = 0
+        for manager in managers[self._expiry_turn:] + managers[:self._expiry_turn]:
+            gone, examined = manager.sweep(now_ms, budget)
+            dropped += gone
+            budget -= examined
+            if budget <= 0:
+                return dropped
+        self.producer_ids.expire(now_ms, budget)
+        return dropped
+
+    def bucket_counts(self) -> dict[QuotaType, int]:
+        """Live buckets per quota type (dormant and overflow ones included)."""
+        return {quota_type: len(manager.buckets) for quota_type, manager in self.managers.items()}
+
+    def overflow_counts(self) -> dict[QuotaType, int]:
+        """Charges per quota type that went to the shared overflow bucket (a counter)."""
+        return {quota_type: manager.overflow_charges for quota_type, manager in self.managers.items()}

@@ -4,25 +4,93 @@ Mirrors a broker's ClientQuotaManager, with time passed in: the traffic is alway
 quota never rejects anything), then the bucket's rate is compared with its bound, and a
 violation costs a throttle time. A bucket is found through the entity levels in `entity.py`;
 its history survives quota changes as long as its key does not change.
+
+Memory is bounded, however many client ids appear:
+
+- A bucket whose rate holds no history (no recording for `samples x window_ms`, 11 s by
+  default) and whose throttle is over is dropped by `expire_idle`: a new bucket for the same
+  key measures exactly as the old one would have, so no quota decision changes (pinned by a
+  Hypothesis test over random charge sequences). Only a measurement between charges (a metrics
+  scrape) can leave a kept bucket a zero-valued sample whose start pads its window by less than
+  one window more, i.e. more lenient: a dropped bucket is, if anything, the stricter one.
+- A bucket that has throttled keeps its throttle counters (`throttle_total_ms`,
+  `throttle_count`, exported as Prometheus counters) until Kafka's one-hour idle expiry, as a
+  broker keeps a client's sensors for an hour: dropped with its rate, a throttle decided
+  between two scrapes would never be seen. Its samples are freed once they expire (it is then
+  *dormant*: a few hundred bytes), and a dormant bucket is the first to go when the cap below
+  needs room.
+- At most `max_buckets` buckets live per quota type. Past the cap, a bucket that a `<default>`
+  entity would create (one per client id or per user: the unbounded kind) is not created: the
+  charge goes to one shared overflow bucket (`OVERFLOW_KEY`), measured against the bound the
+  entity resolves to, so a flood of client ids throttles itself as a group. Existing buckets
+  keep their history (never evicted while they hold any), no charge is left unmetered, and
+  explicitly configured entities, which the quota table bounds, always get their own bucket.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .entity import BucketKey, QuotaEntity, resolve
-from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
+from .entity import DEFAULT, BucketKey, QuotaEntity
+from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from .throttle import bounded_throttle_time_ms, throttle_time_ms
 from .types import QuotaType
 
-#: Kafka expires a client's quota sensors after an hour without traffic.
+#: Kafka expires a client's quota sensors after an hour without traffic
+#: (`ClientQuotaManager.InactiveSensorExpirationTimeSeconds`).
 IDLE_EXPIRY_MS = 3600 * 1000
 
+#: Live buckets per quota type. Kafka has no such cap (a broker keeps a sensor per client id until
+#: it idles out an hour later). A bucket charged once costs ~0.75 KB (its share of the resolution
+#: cache included), so a flood of client ids under a `<default>` quota on produce, fetch and
+#: request peaks at ~115 MB traced, ~125 MB RSS (bench/memory.py, budget 150 MB), however many ids
+#: come. Full sample rings (~1.8 KB a bucket) need every bucket charged each second, 150,000
+#: charges/s, more than one proxy process serves. 50,000 clients active within 11 s is far above
+#: what one proxy fronts, so the cap only bites on a flood.
+DEFAULT_MAX_BUCKETS = 50_000
+
+#: Bucket key of the shared overflow bucket (the `__other__` label style of the metrics); should
+#: a real (user, client-id) ever be named so, it shares the overflow bucket: stricter, never looser.
+OVERFLOW_KEY = BucketKey("__overflow__", "__overflow__")
+
+#: Buckets `expire_idle` examines per call, over all quota types: dropping one costs ~1 us
+#: (mostly freeing it), so a call stays near 2 ms and can run every second from the event loop.
+#: A larger backlog waits for later calls; the cap never waits (see `_make_room`).
+EXPIRY_BUDGET = 2048
+
+#: A recording moves its bucket to the young end of the expiry order at most this often, so the
+#: hot path pays one comparison per charge; expiry may then come this much later than due.
+REORDER_INTERVAL_MS = 1000
+
+#: The resolution cache (8 levels walked per new (user, client-id)) is cleared when it reaches
+#: this many entries, or the bucket cap if lower (an entry costs ~220 B, a third of a bucket).
 _RESOLVED_MAX = 100_000
+
+#: The sweep retires the resolution cache when it holds this many entries more than twice the
+#: live buckets (entries of client ids that left), and frees it within its budget.
+_CACHE_SLACK = 4096
+
+#: Dicts keep their tables when entries go: once a manager holds fewer than 1/16 of its most
+#: buckets (and that peak was above this), the sweep copies them into right-sized ones.
+_COMPACT_MIN = 4096
 
 #: How much earlier than the throttle's end a held connection may try again (see remaining_throttle_ms).
 HOLD_HEAD_START_MS = 1
+
+#: `seen_ms` of a dormant bucket: its next charge always moves it back among the recent ones.
+_DORMANT_SEEN_MS = -(2**62)
+
+
+class Resolution(NamedTuple):
+    """Where a (user, client-id) is charged, and whether a `<default>` entity led there."""
+
+    bucket: BucketKey
+    bound: float
+    #: True when the entity matched has a `<default>` part: one bucket per client id or user,
+    #: unbounded in number, so subject to `max_buckets`
+    capped: bool
 
 
 @dataclass(slots=True)
@@ -30,12 +98,14 @@ class Bucket:
     """One bucket's sensors: the quota rate, and the throttle times it caused (for metrics)."""
 
     rate: WindowedRate
-    #: throttle times this bucket caused: Kafka's `throttle-time` sensor (avg and max)
-    throttle: WindowedRate
+    #: throttle times this bucket caused: Kafka's `throttle-time` sensor (avg and max); created
+    #: by the first throttle, dropped again when its samples expire (None: nothing to report)
+    throttle: WindowedStat | None = None
     #: the bound in force (updated at once when the quotas change)
     bound: float = 0.0
     #: a (user, client-id) charged to this bucket, to re-resolve it when the quotas change
-    member: tuple[str, str] | None = None
+    member_user: str | None = None
+    member_client_id: str = ""
     #: whether a configured quota still leads to this bucket
     applies: bool = True
     throttle_total_ms: int = 0
@@ -43,6 +113,8 @@ class Bucket:
     #: end of the latest throttle this bucket caused: until then, every connection charging
     #: the bucket holds such requests back (the proxy's scope is the whole cluster)
     throttled_until_ms: int = 0
+    #: when the bucket last moved to the young end of the expiry order
+    seen_ms: int = 0
 
 
 class Charge(NamedTuple):
@@ -57,85 +129,214 @@ class Charge(NamedTuple):
 UNLIMITED = Charge(None, float("inf"), 0.0, 0)
 
 
+def _resolve(quotas: dict[QuotaEntity, float], user: str, client_id: str) -> Resolution | None:
+    """Kafka's eight levels, first match wins (see entity.py); builds only the key it returns."""
+    for entity_user, entity_client, shared in (
+        (user, client_id, None), (user, DEFAULT, None), (user, None, "user"),
+        (DEFAULT, client_id, None), (DEFAULT, DEFAULT, None), (DEFAULT, None, "user"),
+        (None, client_id, "client"), (None, DEFAULT, "client"),
+    ):
+        bound = quotas.get(QuotaEntity(entity_user, entity_client))
+        if bound is not None:
+            if shared is None:
+                key = BucketKey(user, client_id)
+            elif shared == "user":
+                key = BucketKey(user, "")
+            else:
+                key = BucketKey("", client_id)
+            return Resolution(key, bound, DEFAULT in (entity_user, entity_client))
+    return None
+
+
 class ClientQuotaManager:
-    """Rate quotas of one type (produce bytes, fetch bytes, request time, ...)."""
+    """Rate quotas of one type (produce bytes, fetch bytes, request time, ...).
+
+    For the I/O layer: `buckets` (every live bucket, including dormant and overflow ones; its
+    length is the live bucket count), `overflow_charges` (charges that went to the overflow
+    bucket because the cap was reached) and `expire_idle`, to call about once a second.
+    """
 
     def __init__(self, quota_type: QuotaType, window: WindowConfig = DEFAULT_WINDOW,
-                 *, max_throttle_ms: int | None = None) -> None:
+                 *, max_throttle_ms: int | None = None, max_buckets: int | None = DEFAULT_MAX_BUCKETS,
+                 idle_expiry_ms: int = IDLE_EXPIRY_MS) -> None:
+        if max_buckets is not None and max_buckets < 1:
+            raise ValueError(f"max_buckets must be at least 1, got {max_buckets}")
         self.quota_type = quota_type
         self.window = window
         #: The request quota caps a throttle at one window; byte rates are unbounded.
         self.max_throttle_ms = max_throttle_ms
+        #: None: no cap (only for tests and tools; a proxy always has one)
+        self.max_buckets = max_buckets
+        self.idle_expiry_ms = idle_expiry_ms
         self.quotas: dict[QuotaEntity, float] = {}
         self.buckets: dict[BucketKey, Bucket] = {}
-        #: (user, client-id) -> its bucket and bound; resolving walks 8 levels, so it is cached
-        #: until the quotas change (bounded: cleared when it grows past _RESOLVED_MAX entries)
-        self._resolved: dict[tuple[str, str], tuple[BucketKey, float] | None] = {}
+        #: buckets with history or a throttle in force, least recently charged first
+        self._recent: OrderedDict[BucketKey, Bucket] = OrderedDict()
+        #: buckets that throttled, kept without samples for their counters, oldest first
+        self._dormant: OrderedDict[BucketKey, Bucket] = OrderedDict()
+        #: (user, client-id) -> its resolution; walking 8 levels per charge is too slow, so it is
+        #: cached until the quotas change (bounded: cleared when it reaches its limit)
+        self._resolved: dict[tuple[str, str], Resolution | None] = {}
+        self._resolved_max = min(_RESOLVED_MAX, max_buckets) if max_buckets else _RESOLVED_MAX
+        #: a replaced cache, freed a budget at a time by `sweep` (freeing 50,000 entries at once
+        #: would stall the event loop for milliseconds)
+        self._retired: dict[tuple[str, str], Resolution | None] = {}
         #: the latest end of any bucket's throttle: before it, some request may have to wait
         self.throttled_until_ms = 0
+        #: charges sent to the overflow bucket because `max_buckets` was reached
+        self.overflow_charges = 0
+        #: most buckets held since the dicts were last compacted
+        self._high_water = 0
+        #: buckets dropped by `expire_idle`, and dormant ones evicted early to make room
+        self.expired_buckets = 0
+        self.evicted_buckets = 0
 
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
         self.quotas = dict(quotas)
-        self._resolved = {}
+        self._retire_cache()
         # Kafka updates the quota of existing sensors at once. A bucket whose key no longer
         # applies keeps its history (the key may come back) until it idles out, but has no bound.
         for key, bucket in self.buckets.items():
-            found = self.resolve(*bucket.member) if bucket.member is not None else None
-            bucket.applies = found is not None and found[0] == key
+            user = bucket.member_user
+            found = self._lookup(user, bucket.member_client_id) if user is not None else None
+            bucket.applies = found is not None and found.bucket == key
             if found is not None and bucket.applies:
-                bucket.bound = found[1]
+                bucket.bound = found.bound
 
-    def resolve(self, user: str, client_id: str) -> tuple[BucketKey, float] | None:
+    def _lookup(self, user: str, client_id: str) -> Resolution | None:
         if not self.quotas:
             return None
-        key = (user, client_id)
         try:
-            return self._resolved[key]
+            return self._resolved[(user, client_id)]
         except KeyError:
             pass
-        if len(self._resolved) >= _RESOLVED_MAX:
-            self._resolved.clear()
-        found = self._resolved[key] = resolve(self.quotas, user, client_id)
+        if len(self._resolved) >= self._resolved_max:
+            self._retire_cache()
+        found = _resolve(self.quotas, user, client_id)
+        # a bucket key equal to (user, client-id) serves as the cache key too (one tuple less)
+        own = found is not None and found.bucket == (user, client_id)
+        self._resolved[found.bucket if found is not None and own else (user, client_id)] = found
         return found
 
-    def _bucket(self, key: BucketKey) -> Bucket:
-        bucket = self.buckets.get(key)
-        if bucket is None:
-            bucket = Bucket(WindowedRate(self.window), WindowedRate(self.window))
-            self.buckets[key] = bucket
+    def _retire_cache(self) -> None:
+        if self._retired:
+            self._resolved.clear()  # still freeing the previous one: no choice but now
+        else:
+            self._retired, self._resolved = self._resolved, {}
+
+    def resolve(self, user: str, client_id: str) -> tuple[BucketKey, float] | None:
+        """The bucket key and bound that apply to (user, client_id); None: unlimited."""
+        found = self._lookup(user, client_id)
+        return None if found is None else (found.bucket, found.bound)
+
+    # -- buckets: creation, the cap, the expiry order -----------------------------------------
+
+    @property
+    def live_buckets(self) -> int:
+        """Buckets held now (at most `max_buckets`, plus explicitly configured ones and overflow)."""
+        return len(self.buckets)
+
+    @property
+    def cached_resolutions(self) -> int:
+        """Entries of the resolution cache, including a retired one not yet freed."""
+        return len(self._resolved) + len(self._retired)
+
+    def _add(self, key: BucketKey, now_ms: int) -> Bucket:
+        bucket = Bucket(WindowedRate(self.window), seen_ms=now_ms)
+        self.buckets[key] = bucket
+        self._recent[key] = bucket
+        if len(self.buckets) > self._high_water:
+            self._high_water = len(self.buckets)
         return bucket
+
+    def _new_bucket(self, found: Resolution, user: str, client_id: str,
+                    now_ms: int) -> tuple[BucketKey, Bucket]:
+        """A bucket for a key not held yet, or the overflow bucket when the cap allows no more."""
+        if (not found.capped or self.max_buckets is None or len(self.buckets) < self.max_buckets
+                or self._make_room(now_ms)):
+            return found.bucket, self._add(found.bucket, now_ms)
+        self.overflow_charges += 1
+        # not worth a cache entry: a flood of new ids would fill the cache as fast as the cap
+        self._resolved.pop((user, client_id), None)
+        bucket = self.buckets.get(OVERFLOW_KEY)
+        if bucket is None:
+            bucket = self._add(OVERFLOW_KEY, now_ms)
+        elif now_ms - bucket.seen_ms >= REORDER_INTERVAL_MS:
+            self._touch(OVERFLOW_KEY, bucket, now_ms)
+        return OVERFLOW_KEY, bucket
+
+    def _make_room(self, now_ms: int) -> bool:
+        """Free one slot at the cap without forgetting any history: a dormant bucket (counters
+        only), else the least recently charged bucket if its rate has expired and it is not
+        throttled (`expire_idle` has not reached it yet). False: every bucket is in use."""
+        if self._dormant:
+            key, _ = self._dormant.popitem(last=False)
+            del self.buckets[key]
+            self.evicted_buckets += 1
+            return True
+        if self._recent:
+            key = next(iter(self._recent))
+            bucket = self._recent[key]
+            if bucket.rate.expired(now_ms) and bucket.throttled_until_ms <= now_ms:
+                del self._recent[key]
+                del self.buckets[key]
+                self.evicted_buckets += 1
+                return True
+        return False
+
+    def _touch(self, key: BucketKey, bucket: Bucket, now_ms: int) -> None:
+        """Move a charged bucket to the young end of the expiry order (waking a dormant one)."""
+        bucket.seen_ms = now_ms
+        if self._dormant.pop(key, None) is not None:
+            self._recent[key] = bucket
+        else:
+            self._recent.move_to_end(key)
+
+    # -- charging -------------------------------------------------------------------------------
 
     def record(self, user: str, client_id: str, value: float, now_ms: int) -> Charge:
         """Record `value` for (user, client_id); returns the throttle it causes (0 within quota)."""
-        found = self.resolve(user, client_id)
+        found = self._lookup(user, client_id)
         if found is None:
             return UNLIMITED
-        key, bound = found
-        bucket = self._bucket(key)
+        key = found.bucket
+        bound = found.bound
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            key, bucket = self._new_bucket(found, user, client_id, now_ms)
+        elif now_ms - bucket.seen_ms >= REORDER_INTERVAL_MS:
+            self._touch(key, bucket, now_ms)
         bucket.bound = bound
         bucket.applies = True
-        bucket.member = (user, client_id)
-        bucket.rate.record(value, now_ms)
-        observed, window_ms = bucket.rate.measure_with_window(now_ms)
+        bucket.member_user = user
+        bucket.member_client_id = client_id
+        rate = bucket.rate
+        rate.record(value, now_ms)
+        observed, window_ms = rate.measure_with_window(now_ms)
         if observed <= bound:
             return Charge(key, bound, observed, 0)
         if self.max_throttle_ms is None:
             throttle = throttle_time_ms(observed, bound, window_ms)
         else:
             throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
-        bucket.throttled_until_ms = max(bucket.throttled_until_ms, now_ms + throttle)
-        self.throttled_until_ms = max(self.throttled_until_ms, bucket.throttled_until_ms)
+        if now_ms + throttle > bucket.throttled_until_ms:
+            bucket.throttled_until_ms = now_ms + throttle
+            if bucket.throttled_until_ms > self.throttled_until_ms:
+                self.throttled_until_ms = bucket.throttled_until_ms
         return Charge(key, bound, observed, throttle)
 
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""
         if now_ms + HOLD_HEAD_START_MS >= self.throttled_until_ms:  # no bucket is throttled now
             return 0
-        found = self.resolve(user, client_id)
+        found = self._lookup(user, client_id)
         if found is None:
             return 0
-        bucket = self.buckets.get(found[0])
+        bucket = self.buckets.get(found.bucket)
+        if (bucket is None and found.capped and self.max_buckets is not None
+                and len(self.buckets) >= self.max_buckets):
+            bucket = self.buckets.get(OVERFLOW_KEY)  # where its next charge would go
         # One millisecond short of the throttle's end: connections held for another's throttle then
         # go before the one that caused it (whose mute ends exactly then), so a client's connections
         # to different brokers take turns instead of one winning every time and starving the others.
@@ -148,24 +349,87 @@ class ClientQuotaManager:
 
     def record_throttle(self, charge: Charge, throttle_ms: int, now_ms: int) -> None:
         """Count a throttle this quota decided (Kafka's `throttle-time` sensor, avg and max)."""
-        if charge.bucket is None:
+        bucket = self.buckets.get(charge.bucket) if charge.bucket is not None else None
+        if bucket is None:
             return
-        bucket = self._bucket(charge.bucket)
+        if bucket.throttle is None:
+            bucket.throttle = WindowedStat(self.window)
         bucket.throttle.record(throttle_ms, now_ms)
         bucket.throttle_total_ms += throttle_ms
         bucket.throttle_count += 1
 
     def max_value_in_window(self, user: str, client_id: str) -> float | None:
         """Kafka's cap for a fetch: the quota times (samples - 1) windows, i.e. 10x the quota per second."""
-        found = self.resolve(user, client_id)
+        found = self._lookup(user, client_id)
         if found is None:
             return None
-        return found[1] * (self.window.samples - 1) * self.window.window_ms / 1000.0
+        return found.bound * (self.window.samples - 1) * self.window.window_ms / 1000.0
 
-    def expire_idle(self, now_ms: int, idle_ms: int = IDLE_EXPIRY_MS) -> int:
-        """Drop buckets without traffic for `idle_ms`; returns how many went."""
-        stale = [key for key, bucket in self.buckets.items()
-                 if (last := bucket.rate.idle_since_ms) is not None and now_ms - last >= idle_ms]
-        for key in stale:
+    # -- expiry ---------------------------------------------------------------------------------
+
+    def expire_idle(self, now_ms: int, budget: int = EXPIRY_BUDGET) -> int:
+        """Drop buckets that hold nothing a decision needs; returns how many went.
+
+        Examines at most `budget` buckets, least recently charged first, and stops at the
+        first that is still in use, so a call costs O(budget) however many buckets exist.
+        A bucket goes once its rate has expired and its throttle is over, unless it has
+        throttled: then it turns dormant (samples freed, counters kept) and goes an hour after
+        its last charge (Kafka's sensor expiry).
+        """
+        return self.sweep(now_ms, budget)[0]
+
+    def sweep(self, now_ms: int, budget: int) -> tuple[int, int]:
+        """`expire_idle`, for a caller that shares one budget: (buckets dropped, buckets examined)."""
+        history_ms = self.window.history_ms
+        recent = self._recent
+        dropped = examined = 0
+        while recent and examined < budget:
+            key, bucket = recent.popitem(last=False)
+            last = bucket.rate.idle_since_ms
+            if now_ms - bucket.seen_ms < history_ms or (last is not None and now_ms - last < history_ms):
+                # still in use (its rate has history); every bucket behind it was charged no
+                # earlier than REORDER_INTERVAL_MS before it
+                recent[key] = bucket
+                recent.move_to_end(key, last=False)
+                break
+            examined += 1
+            if bucket.throttled_until_ms > now_ms:  # a long throttle: look again later
+                bucket.seen_ms = now_ms
+                recent[key] = bucket
+                continue
+            if bucket.throttle_count and last is not None and now_ms - last < self.idle_expiry_ms:
+                bucket.rate.clear()
+                bucket.throttle = None  # its samples ended with the rate's (same window)
+                bucket.seen_ms = _DORMANT_SEEN_MS
+                self._dormant[key] = bucket
+                continue
             del self.buckets[key]
-        return len(stale)
+            dropped += 1
+        if not self._retired and len(self._resolved) > 2 * len(self.buckets) + _CACHE_SLACK:
+            self._retire_cache()
+        retired = self._retired
+        if retired:
+            while retired and examined < budget:
+                retired.popitem()
+                examined += 1
+            if not retired:
+                self._retired = {}  # a new dict: an emptied one keeps its table
+        dormant = self._dormant
+        while dormant and examined < budget:
+            key, bucket = dormant.popitem(last=False)
+            last = bucket.rate.idle_since_ms
+            if last is not None and now_ms - last < self.idle_expiry_ms:
+                dormant[key] = bucket
+                dormant.move_to_end(key, last=False)
+                break
+            examined += 1
+            del self.buckets[key]
+            dropped += 1
+        self.expired_buckets += dropped
+        if self._high_water > _COMPACT_MIN and len(self.buckets) < self._high_water // 16:
+            # at most 1/16 of the peak is copied: ~1 ms for a 50,000 peak
+            self.buckets = dict(self.buckets)
+            self._recent = OrderedDict(self._recent)
+            self._dormant = OrderedDict(self._dormant)
+            self._high_water = len(self.buckets)
+        return dropped, examined

@@ -6,7 +6,12 @@ in any live filter is not new. The draft drops a filter once it is a full window
 forget an id written late in a filter after only half a window; here a filter lives 1.5 windows
 (so at most three exist), and every id is remembered for one to 1.5 windows.
 Memory is bounded twice: each filter has a fixed size (chosen for a capacity and a target
-false-positive rate), and only the `max_users` most recently active users keep filters.
+false-positive rate), at most `MAX_LAYERS` of them per user, and only the `max_users` most
+recently active users keep filters (the least recently active one is evicted first), so the
+whole tracker never holds more than `max_users x MAX_LAYERS` filters: about 36 MB with the
+engine's defaults (1,000 users, 10,000 ids per layer at 1 %). A user whose layers have all
+expired is dropped by `expire` (a fresh filter answers exactly the same). Evicting an active user
+forgets its ids: they count as new again (stricter, for that user, never looser).
 A false positive means a new id is taken as already seen, i.e. not charged: the quota errs on
 the lenient side, never on the punishing one.
 """
@@ -21,6 +26,9 @@ from dataclasses import dataclass
 #: KIP-936 draft defaults: `producer.id.quota.window.num` and `...window.size.seconds`.
 DEFAULT_PID_WINDOW_SAMPLES = 11
 DEFAULT_PID_WINDOW_MS = 3600 * 1000
+
+#: Layers one user holds at most: a layer lives 1.5 windows and a new one starts every half window.
+MAX_LAYERS = 3
 
 
 class BloomFilter:
@@ -83,6 +91,11 @@ class TimedBloomFilter:
         if not self._layers or now_ms - self._layers[-1].started_ms >= self.window_ms // 2:
             self._layers.append(_Layer(now_ms, BloomFilter(self._capacity, self._fp_rate)))
 
+    def expired(self, now_ms: int) -> bool:
+        """Whether every layer has outlived its 1.5 windows (the filter remembers nothing)."""
+        layers = self._layers
+        return not layers or now_ms - layers[-1].started_ms >= self.window_ms * 3 // 2
+
     def add_if_new(self, pid: int, now_ms: int) -> bool:
         """True when `pid` was not seen in the last window (it is then remembered)."""
         self._rotate(now_ms)
@@ -120,6 +133,24 @@ class ProducerIdTracker:
         else:
             self._users.move_to_end(user)
         return sum(1 for pid in pids if bloom.add_if_new(pid, now_ms))
+
+    def expire(self, now_ms: int, budget: int) -> tuple[int, int]:
+        """Drop users whose filters remember nothing, least recently active first.
+
+        Stops at the first user that still remembers an id (or after `budget` users); returns
+        (users dropped, users examined). A dropped user starts over with an empty filter, which
+        answers exactly as its expired layers would have.
+        """
+        users = self._users
+        dropped = examined = 0
+        while users and examined < budget:
+            user, bloom = next(iter(users.items()))
+            examined += 1
+            if not bloom.expired(now_ms):
+                break
+            del users[user]
+            dropped += 1
+        return dropped, examined
 
     @property
     def memory_bytes(self) -> int:

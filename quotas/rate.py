@@ -7,6 +7,12 @@ Reproduced from Kafka's behaviour (clients/.../metrics/stats), with time passed 
 - the rate divides the sum of all samples by the time since the oldest sample started, padded
   up to `samples - 1` whole windows when fewer have passed. A new client is therefore measured
   over at least 10 s by default, and may burst about 10x its quota before it is throttled.
+
+Memory: a rate holds only what Kafka's `Rate` needs (value, start, last event per sample), and
+its slots are created as recordings reach them. The throttle-time sensor, which also reports
+avg and max, is the larger `WindowedStat`. A rate whose last recording is `samples x window_ms`
+old holds no history (`expired`): every sample would be reset before its next use, so the rate
+can be forgotten (`clear`) without changing any measurement.
 """
 
 from __future__ import annotations
@@ -29,25 +35,52 @@ class WindowConfig:
         if self.window_ms < 1:
             raise ValueError(f"quota window size must be at least 1 ms, got {self.window_ms}")
 
+    @property
+    def history_ms(self) -> int:
+        """How long a recording counts: a sample is purged `samples x window_ms` after its last event."""
+        return self.samples * self.window_ms
+
 
 class _Sample:
-    __slots__ = ("events", "last_event_ms", "max", "start_ms", "value")
+    """One window of a rate: what Kafka's `Rate` reads (the sum), and the times purging needs."""
+
+    __slots__ = ("last_event_ms", "start_ms", "value")
 
     def __init__(self, now_ms: int) -> None:
-        self.reset(now_ms)
+        self.value = 0.0
+        self.start_ms = now_ms
+        self.last_event_ms = now_ms
 
     def reset(self, now_ms: int) -> None:
         self.value = 0.0
-        self.max = 0.0
-        self.events = 0
         self.start_ms = now_ms
         self.last_event_ms = now_ms
+
+
+class _StatSample(_Sample):
+    """A sample that also counts events and keeps the largest value (Kafka's `Avg` and `Max`)."""
+
+    __slots__ = ("events", "max")
+
+    def __init__(self, now_ms: int) -> None:
+        super().__init__(now_ms)
+        self.events = 0
+        self.max = 0.0
+
+    def reset(self, now_ms: int) -> None:
+        self.value = 0.0
+        self.start_ms = now_ms
+        self.last_event_ms = now_ms
+        self.events = 0
+        self.max = 0.0
 
 
 class WindowedRate:
     """A rate per second over sampled windows, exactly as Kafka measures quota sensors."""
 
     __slots__ = ("_current", "_last_record_ms", "_samples", "config")
+
+    _sample_type: type[_Sample] = _Sample
 
     def __init__(self, config: WindowConfig | None = None) -> None:
         self.config = config or DEFAULT_WINDOW
@@ -60,9 +93,6 @@ class WindowedRate:
         if now_ms - sample.start_ms >= self.config.window_ms:
             sample = self._advance(now_ms)
         sample.value += value
-        if value > sample.max:
-            sample.max = value
-        sample.events += 1
         sample.last_event_ms = now_ms
         self._last_record_ms = now_ms
 
@@ -72,13 +102,14 @@ class WindowedRate:
 
     def _current_sample(self, now_ms: int) -> _Sample:
         if not self._samples:
-            self._samples.append(_Sample(now_ms))
+            self._current = 0
+            self._samples.append(self._sample_type(now_ms))
         return self._samples[self._current]
 
     def _advance(self, now_ms: int) -> _Sample:
         self._current = (self._current + 1) % (self.config.samples + 1)
         if self._current >= len(self._samples):
-            sample = _Sample(now_ms)
+            sample = self._sample_type(now_ms)
             self._samples.append(sample)
             return sample
         sample = self._samples[self._current]
@@ -86,7 +117,7 @@ class WindowedRate:
         return sample
 
     def _purge(self, now_ms: int) -> None:
-        expire = self.config.samples * self.config.window_ms
+        expire = self.config.history_ms
         for sample in self._samples:
             if now_ms - sample.last_event_ms >= expire:
                 sample.reset(now_ms)
@@ -99,17 +130,6 @@ class WindowedRate:
         self._purge(now_ms)
         return sum(sample.value for sample in self._samples)
 
-    def average(self, now_ms: int) -> float:
-        """Mean recorded value over the retained samples (Kafka's `Avg` over the same window)."""
-        self._purge(now_ms)
-        events = sum(sample.events for sample in self._samples)
-        return sum(sample.value for sample in self._samples) / events if events else 0.0
-
-    def maximum(self, now_ms: int) -> float:
-        """Largest recorded value over the retained samples (Kafka's `Max`)."""
-        self._purge(now_ms)
-        return max((sample.max for sample in self._samples), default=0.0)
-
     def measure(self, now_ms: int) -> float:
         """Rate per second at `now_ms`."""
         return self.measure_with_window(now_ms)[0]
@@ -118,15 +138,14 @@ class WindowedRate:
         """Rate per second and the window it was measured over (the throttle formula needs both).
 
         `_purge`, `window_ms` and `total` in one pass: it runs for every charged request.
+        An empty rate measures as a sample started now would, without allocating one (a scrape
+        must not grow a rate that `clear` emptied).
         """
         config = self.config
-        samples = self._samples
-        if not samples:
-            samples.append(_Sample(now_ms))
         expired = now_ms - config.samples * config.window_ms
         total = 0.0
         oldest = now_ms
-        for sample in samples:
+        for sample in self._samples:
             if sample.last_event_ms <= expired:
                 sample.reset(now_ms)
             else:
@@ -140,10 +159,63 @@ class WindowedRate:
         window = max(elapsed, 1)
         return total * 1000.0 / window, window
 
+    def expired(self, now_ms: int) -> bool:
+        """Whether every recording is `samples x window_ms` old: the rate then holds no history.
+
+        Samples are only ever touched at or before the last recording (a measurement resets
+        expired samples to zero), so each would be reset before it counts again: forgetting
+        them changes no later measurement that follows a recording.
+        """
+        last = self._last_record_ms
+        return last is None or now_ms - last >= self.config.history_ms
+
+    def clear(self) -> None:
+        """Free the samples of an expired rate (the time of its last recording is kept)."""
+        self._samples.clear()
+        self._current = 0
+
     @property
     def idle_since_ms(self) -> int | None:
         """Time of the last recording, for expiring idle buckets (measuring does not count)."""
         return self._last_record_ms
+
+
+class WindowedStat(WindowedRate):
+    """A windowed sensor that also reports the mean and the largest value recorded.
+
+    Kafka's throttle-time sensor (`throttle-time` avg and max) is one per bucket; only buckets
+    that were ever throttled have one, so it carries the extra per-sample fields alone.
+    """
+
+    __slots__ = ()
+
+    _sample_type = _StatSample
+
+    def record(self, value: float, now_ms: int) -> None:
+        sample = self._current_sample(now_ms)
+        if now_ms - sample.start_ms >= self.config.window_ms:
+            sample = self._advance(now_ms)
+        assert isinstance(sample, _StatSample)
+        sample.value += value
+        if value > sample.max:
+            sample.max = value
+        sample.events += 1
+        sample.last_event_ms = now_ms
+        self._last_record_ms = now_ms
+
+    def _stat_samples(self, now_ms: int) -> list[_StatSample]:
+        self._purge(now_ms)
+        return [sample for sample in self._samples if isinstance(sample, _StatSample)]
+
+    def average(self, now_ms: int) -> float:
+        """Mean recorded value over the retained samples (Kafka's `Avg` over the same window)."""
+        samples = self._stat_samples(now_ms)
+        events = sum(sample.events for sample in samples)
+        return sum(sample.value for sample in samples) / events if events else 0.0
+
+    def maximum(self, now_ms: int) -> float:
+        """Largest recorded value over the retained samples (Kafka's `Max`)."""
+        return max((sample.max for sample in self._stat_samples(now_ms)), default=0.0)
 
 
 #: Kafka's defaults: 11 samples of 1 s.

@@ -73,8 +73,9 @@ def test_largest_throttle_wins_and_only_its_sensor_counts() -> None:
     verdict = engine.charge("u", "app", 0, produce_bytes=6000, request_time_ms=200)
     assert (verdict.throttle_ms, verdict.quota) == (2000, P)
     assert throttle_counts(engine) == {P: 1, R: 0}
-    assert engine.managers[P].buckets[KEY].throttle.maximum(0) == 2000
-    assert engine.managers[R].buckets[KEY].throttle.maximum(0) == 0
+    throttle = engine.managers[P].buckets[KEY].throttle
+    assert throttle is not None and throttle.maximum(0) == 2000
+    assert engine.managers[R].buckets[KEY].throttle is None  # never throttled: no sensor at all
 
 
 def test_request_throttle_wins_when_larger() -> None:
@@ -222,25 +223,40 @@ def test_removed_quota_is_unlimited_again() -> None:
     assert engine.charge("u", "app", 0, produce_bytes=10**6) == NO_THROTTLE
 
 
-def test_idle_buckets_expire_after_an_hour() -> None:
+def test_idle_buckets_go_when_their_rate_expires() -> None:
+    """No charge for samples x window (11 s): the rate holds nothing, so the bucket goes."""
     engine = engine_with({CLIENT_DEFAULT: {P: 500, R: 1.0}})
     engine.charge("u", "app", 0, produce_bytes=100, request_time_ms=1)
-    engine.charge("v", "other", 1_800_000, produce_bytes=100)
-    assert IDLE_EXPIRY_MS == 3_600_000
-    assert engine.expire_idle(3_599_999) == 0
-    assert engine.expire_idle(3_600_000) == 2  # u's produce and request buckets
+    engine.charge("v", "other", 5_000, produce_bytes=100)
+    assert engine.expire_idle(10_999) == 0
+    assert engine.expire_idle(11_000) == 2  # u's produce and request buckets
     assert KEY not in engine.managers[P].buckets
     assert BucketKey("", "other") in engine.managers[P].buckets
-    assert engine.expire_idle(5_400_000) == 1
+    assert engine.expire_idle(15_999) == 0
+    assert engine.expire_idle(16_000) == 1
+    assert all(not manager.buckets for manager in engine.managers.values())
+
+
+def test_throttled_buckets_stay_an_hour() -> None:
+    """A bucket that throttled keeps its counters until Kafka's one-hour sensor expiry."""
+    engine = engine_with({CLIENT_DEFAULT: {P: 500}})
+    assert engine.charge("u", "app", 0, produce_bytes=5600).throttle_ms == 1200
+    assert engine.expire_idle(11_000) == 0
+    bucket = engine.managers[P].buckets[KEY]
+    assert (bucket.throttle_count, bucket.throttle_total_ms) == (1, 1200)
+    assert IDLE_EXPIRY_MS == 3_600_000
+    assert engine.expire_idle(3_599_999) == 0
+    assert engine.expire_idle(3_600_000) == 1
     assert all(not manager.buckets for manager in engine.managers.values())
 
 
 def test_recent_traffic_keeps_a_bucket() -> None:
     engine = engine_with({CLIENT_DEFAULT: {P: 500}})
     engine.charge("u", "app", 0, produce_bytes=100)
-    engine.charge("u", "app", 3_000_000, produce_bytes=100)
-    assert engine.expire_idle(3_600_000) == 0
-    assert engine.expire_idle(6_600_000) == 1
+    engine.charge("u", "app", 5_000, produce_bytes=100)
+    assert engine.expire_idle(11_000) == 0
+    assert engine.expire_idle(15_999) == 0
+    assert engine.expire_idle(16_000) == 1
 
 
 def test_reading_metrics_does_not_keep_an_idle_bucket_alive() -> None:
@@ -249,11 +265,16 @@ def test_reading_metrics_does_not_keep_an_idle_bucket_alive() -> None:
     Kafka expires a sensor by its last *record*; measuring must not make an idle client look active.
     """
     engine = engine_with({CLIENT_DEFAULT: {P: 500}})
-    engine.charge("u", "app", 0, produce_bytes=100)
-    for scrape_ms in range(15_000, 3_600_000, 15_000):  # what QuotaCollector.collect() reads
+    engine.charge("u", "quiet", 0, produce_bytes=100)  # within quota: goes with its rate
+    engine.charge("u", "loud", 0, produce_bytes=6000)  # throttled: stays an hour
+    for scrape_ms in range(1_000, 3_600_000, 15_000):  # what QuotaCollector reads
         for manager in engine.managers.values():
             for bucket in manager.buckets.values():
                 bucket.rate.measure(scrape_ms)
-                bucket.throttle.average(scrape_ms)
-                bucket.throttle.maximum(scrape_ms)
+                if bucket.throttle is not None:
+                    bucket.throttle.average(scrape_ms)
+                    bucket.throttle.maximum(scrape_ms)
+        engine.expire_idle(scrape_ms)
+        if scrape_ms >= 11_000:
+            assert set(engine.managers[P].buckets) == {BucketKey("", "loud")}
     assert engine.expire_idle(3_600_000) == 1

@@ -10,7 +10,7 @@ import pytest
 
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.manager import ClientQuotaManager
-from quotas.rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
+from quotas.rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from quotas.throttle import bounded_throttle_time_ms, throttle_time_ms
 from quotas.types import QuotaType
 
@@ -205,7 +205,8 @@ def test_unrecord_takes_the_value_back() -> None:
 
 
 def test_average_and_maximum() -> None:
-    rate = WindowedRate()
+    """The throttle-time sensor's avg and max (only `WindowedStat` keeps what they need)."""
+    rate = WindowedStat()
     assert rate.average(0) == 0.0
     assert rate.maximum(0) == 0.0
     rate.record(100, 0)
