@@ -124,11 +124,18 @@ class QuotaCollector(Collector):
         overflow = CounterMetricFamily(
             "kthrottle_quota_bucket_overflow",
             "Charges to the shared overflow bucket because max_quota_buckets was reached", labels=["quota"])
+        dropped = CounterMetricFamily(
+            "kthrottle_quota_buckets_dropped",
+            "Quota buckets dropped: 'expired' once their window passed with nothing to keep, 'evicted' "
+            "(dormant ones, history already gone) to make room under max_quota_buckets",
+            labels=["quota", "why"])
         for quota_type, manager in self.engine.managers.items():
             buckets.add_metric([quota_type.value], len(manager.buckets))
             overflow.add_metric([quota_type.value], manager.overflow_charges)
+            dropped.add_metric([quota_type.value, "expired"], manager.expired_buckets)
+            dropped.add_metric([quota_type.value, "evicted"], manager.evicted_buckets)
         self._families = [*rates.values(), limit, throttle_avg, throttle_max, throttle_total, throttles,
-                          buckets, overflow]
+                          buckets, overflow, dropped]
 
 
 class ProxyMetrics:

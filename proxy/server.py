@@ -495,6 +495,7 @@ class ProxyServer:
             window=WindowConfig(settings.quota_window_num, settings.quota_window_size_seconds * 1000),
             pid_window=WindowConfig(settings.producer_id_quota_window_num,
                                     settings.producer_id_quota_window_size_seconds * 1000),
+            max_buckets=settings.max_quota_buckets,
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         descriptors = raise_descriptor_limit()
