@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .apis import KNOWN_APIS, ApiKey, ApiSpec
 from .client_quotas import QUOTA_ADMIN_APIS
-from .errors import MalformedBody
 from .headers import encode_response_header
+from .skim import decode_strict
 
 #: Kafka's UNSUPPORTED_VERSION error code.
 UNSUPPORTED_VERSION = 35
@@ -40,10 +40,10 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
     UNSUPPORTED_VERSION refusal (kafka-python's decoder reads any error body as v0).
     """
     cls = _API_VERSIONS.response_class
-    try:
-        message = cls.decode(body, version=api_version)
-    except Exception as exc:
-        raise MalformedBody(f"ApiVersions v{api_version} response does not parse: {exc}") from exc
+    # Any error body is read as v0, as kafka-python's decoder and Kafka's clients do (KIP-511).
+    error_code = int.from_bytes(body[:2], "big", signed=True) if len(body) >= 2 else 0
+    message = decode_strict(cls, body, 0, api_version if error_code == 0 else 0,
+                            f"ApiVersions v{api_version} response")
     kept = []
     missing_local = set(QUOTA_ADMIN_APIS) if message.error_code == 0 else set()
     for entry in message.api_keys:

@@ -83,7 +83,8 @@ QUOTA_ADMIN_APIS = frozenset({ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT
 
 
 def _decode(cls: Any, frame: bytes, header: RequestHeader) -> Any:
-    return decode_strict(cls, frame, header.body_offset, header.api_version, f"{cls.__name__}")
+    return decode_strict(cls, frame, header.body_offset, header.api_version,
+                         f"{cls.__name__} v{header.api_version}")
 
 
 def decode_quota_admin_request(frame: bytes, header: RequestHeader) -> QuotaAdminRequest:

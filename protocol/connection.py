@@ -33,7 +33,7 @@ from .headers import (
     response_correlation_id,
 )
 from .sasl import ANONYMOUS, RAW_SASL_MECHANISMS, SaslExchange
-from .skim import produce_acks, produce_producer_ids
+from .skim import decode_strict, produce_acks, produce_producer_ids
 from .throttling import (
     cap_fetch_bytes,
     empty_fetch_response,
@@ -560,12 +560,9 @@ class ProxyConnection:
     def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
         cls = {ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest,
                ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest}[ApiKey(header.api_key)]
-        try:
-            return cls.decode(memoryview(frame)[header.body_offset:], version=header.api_version)
-        except Exception as exc:
-            raise MalformedBody(
-                f"{api_name(header.api_key)} v{header.api_version} request does not parse: {exc}"
-            ) from exc
+        # Strict: a null mechanism or token (length -1) is refused as a broker refuses it.
+        return decode_strict(cls, frame, header.body_offset, header.api_version,
+                             f"{api_name(header.api_key)} v{header.api_version} request")
 
     def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
         if self._in_flight or self._passthrough:  # behind requests, or behind a response mid-stream
@@ -693,10 +690,8 @@ class ProxyConnection:
                 self._raw_sasl = self._sasl
         elif key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
             start = response_body_offset(frame, header_version)
-            try:
-                answer = SaslAuthenticateResponse.decode(memoryview(frame)[start:], version=version)
-            except Exception as exc:
-                raise MalformedBody(f"SaslAuthenticate v{version} response does not parse: {exc}") from exc
+            answer = decode_strict(SaslAuthenticateResponse, frame, start, version,
+                                   f"SaslAuthenticate v{version} response")
             if answer.error_code != 0:
                 self._sasl = None  # the broker closes the connection after a failed exchange
             elif self._sasl.server_token(bytes(answer.auth_bytes)):

@@ -184,65 +184,84 @@ def fetch_response_has_tags(frame: bytes, body_offset: int, version: int) -> boo
 
 # -- strict decoding -----------------------------------------------------------------------------
 
-#: Widths of the fixed-size schema types (as in Kafka's `Type` classes).
+#: Widths of the fixed-size schema types (as in Kafka's `Type` classes; bitfield is kafka-python's
+#: int32 of authorized operations).
 _FIXED_WIDTH = {"int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
-                "float64": 8, "uuid": 16}
+                "float64": 8, "uuid": 16, "bitfield": 4}
 #: Width of a non-flexible length prefix: strings have an int16 length, bytes/records/arrays int32.
 _PREFIX_WIDTH = {"string": 2, "bytes": 4, "records": 4}
 
 
 def _check_length(buf: bytes, pos: int, flexible: bool, width: int, field: Any, version: int,
-                  path: str) -> tuple[int, int]:
+                  name: str) -> tuple[int, int]:
     """A length prefix as Kafka's generated readers take it: -1 only where the schema allows
     null, never another negative, never more than the bytes left."""
     length, pos = _length(buf, pos, flexible, width)
     if length < 0:
         if length != -1:
-            raise MalformedBody(f"{path} has length {length}")
+            raise MalformedBody(f"{name} has length {length}")
         if not field.nullable_for_version_q(version):
-            raise MalformedBody(f"{path} is null (length -1), which the schema does not allow")
+            raise MalformedBody(f"{name} is null (length -1), which the schema does not allow")
     elif length > len(buf) - pos:
-        raise MalformedBody(f"{path} has length {length} but only {len(buf) - pos} bytes are left")
+        raise MalformedBody(f"{name} has length {length} but only {len(buf) - pos} bytes are left")
     return length, pos
 
 
-def _check_value(kind: str, field: Any, buf: bytes, pos: int, version: int, flexible: bool,
-                 path: str) -> int:
+def _check_value(field: Any, buf: bytes, pos: int, version: int, flexible: bool, name: str) -> int:
+    kind = field.type_str
     width = _FIXED_WIDTH.get(kind)
     if width is not None:
         if pos + width > len(buf):
-            raise MalformedBody(f"{path} ({kind}) runs past the end of the body")
+            raise MalformedBody(f"{name} ({kind}) runs past the end of the body")
         return pos + width
     prefix = _PREFIX_WIDTH.get(kind)
     if prefix is None:
-        raise MalformedBody(f"{path} has schema type {kind}, which the proxy cannot check")
-    length, pos = _check_length(buf, pos, flexible, prefix, field, version, path)
+        raise MalformedBody(f"{name} has schema type {kind}, which the proxy cannot check")
+    length, pos = _check_length(buf, pos, flexible, prefix, field, version, name)
     return pos + max(length, 0)
 
 
-def _check_struct(struct: Any, buf: bytes, pos: int, version: int, flexible: bool, path: str) -> int:
+def _check_array(field: Any, buf: bytes, pos: int, version: int, flexible: bool) -> int:
+    count, pos = _check_length(buf, pos, flexible, 4, field, version, field.name)
+    element = field.array_of
+    width = _FIXED_WIDTH.get(element.type_str)
+    if width is not None and not field.is_struct_array():  # e.g. partition indexes: one check
+        if pos + count * width > len(buf):
+            raise MalformedBody(f"{field.name} of {count} {element.type_str} runs past the end of the body")
+        return pos + count * width
+    structs = field.is_struct_array()
+    for index in range(count):
+        # The element's place goes into the message only when it is wrong (a try costs nothing
+        # in Python 3.11+ until something raises), so a long array costs no formatting.
+        try:
+            if structs:
+                pos = _check_struct(element, buf, pos, version, flexible)
+            else:
+                pos = _check_value(element, buf, pos, version, flexible, "")
+        except MalformedBody as exc:
+            joint = "." if structs else ""  # a value's own message starts " has ..."
+            raise MalformedBody(f"{field.name}[{index}]{joint}{exc}") from None
+    return pos
+
+
+def _check_struct(struct: Any, buf: bytes, pos: int, version: int, flexible: bool) -> int:
     """Position after a struct's fields; tagged fields are stepped over by their sizes."""
     for field in struct.untagged_fields(version):
-        where = f"{path}.{field.name}" if path else field.name
         if field.is_array():
-            count, pos = _check_length(buf, pos, flexible, 4, field, version, where)
-            element = field.array_of
-            for index in range(count):
-                item = f"{where}[{index}]"
-                if field.is_struct_array():
-                    pos = _check_struct(element, buf, pos, version, flexible, item)
-                else:
-                    pos = _check_value(element.type_str, element, buf, pos, version, flexible, item)
+            pos = _check_array(field, buf, pos, version, flexible)
         elif field.is_struct():
             if field.nullable_for_version_q(version):  # KIP-893: a one-byte marker, -1 for null
                 if pos >= len(buf):
-                    raise MalformedBody(f"{where} runs past the end of the body")
+                    raise MalformedBody(f"{field.name} runs past the end of the body")
                 pos += 1
                 if buf[pos - 1] == 0xFF:
                     continue
-            pos = _check_struct(field, buf, pos, version, flexible, where)
+            try:
+                pos = _check_struct(field, buf, pos, version, flexible)
+            except MalformedBody as exc:
+                raise MalformedBody(f"{field.name}.{exc}") from None
         else:
-            pos = _check_value(field.type_str, field, buf, pos, version, flexible, where)
+            pos = _check_value(field, buf, pos, version, flexible, field.name)
     if flexible:
         pos = skip_tagged_fields(buf, pos)
     return pos
@@ -250,6 +269,8 @@ def _check_struct(struct: Any, buf: bytes, pos: int, version: int, flexible: boo
 
 def decode_strict(cls: Any, frame: bytes, start: int, version: int, what: str) -> Any:
     """Decode the body at `frame[start:]` with its schema class, refusing what Kafka refuses.
+
+    `what` names the body in errors ("SaslAuthenticate v2 request").
 
     kafka-python's decoders are lenient where a broker is not: a null (length -1) where the schema
     forbids it decodes as None, which later code then fails to iterate (issue 10's TypeError); a
@@ -259,12 +280,12 @@ def decode_strict(cls: Any, frame: bytes, start: int, version: int, what: str) -
     """
     flexible = cls.flexible_version_q(version)
     try:
-        _check_struct(cls._struct, frame, start, version, flexible, "")
+        _check_struct(cls._struct, frame, start, version, flexible)
     except MalformedHeader as exc:  # a varint or a tagged field that does not add up
-        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc
+        raise MalformedBody(f"{what} does not parse: {exc}") from exc
     except MalformedBody as exc:
-        raise MalformedBody(f"{what} v{version}: {exc}") from exc
+        raise MalformedBody(f"{what}: {exc}") from exc
     try:
         return cls.decode(memoryview(frame)[start:], version=version)
     except Exception as exc:
-        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc
+        raise MalformedBody(f"{what} does not parse: {exc}") from exc

@@ -16,8 +16,11 @@ from kafka.protocol.schemas import BaseField
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
 from .headers import RequestHeader
+from .skim import decode_strict
 
 _INT32 = 2**31 - 1
+#: FetchRequest.json: `MaxBytes` exists from v3 ("versions": "3+").
+FETCH_FIRST_MAX_BYTES = 3
 
 
 class ThrottleField(Enum):
@@ -26,12 +29,21 @@ class ThrottleField(Enum):
     INSIDE = "inside"  # further in: decode, set, re-encode
 
 
-@cache
 def throttle_field(api_key: int, api_version: int) -> ThrottleField:
-    """Where `throttle_time_ms` sits in this response version, read from Kafka's schema."""
+    """Where `throttle_time_ms` sits in this response version, read from Kafka's schema.
+
+    A version above the schemas (an opaque API a newer client uses) has no known layout: NONE,
+    so muting is the only signal; it is not cached, so made-up versions cannot grow the cache.
+    """
     spec = KNOWN_APIS.get(api_key)
-    if spec is None:
+    if spec is None or not 0 <= api_version <= spec.max_version:
         return ThrottleField.NONE
+    return _schema_throttle_field(api_key, api_version)
+
+
+@cache
+def _schema_throttle_field(api_key: int, api_version: int) -> ThrottleField:
+    spec = KNOWN_APIS[api_key]
     present = []
     for field in spec.response_class.json["fields"]:
         low, high = BaseField.parse_versions(field["versions"])
@@ -43,10 +55,8 @@ def throttle_field(api_key: int, api_version: int) -> ThrottleField:
 
 
 def _decode(cls: Any, frame: bytes, start: int, version: int, what: str) -> Any:
-    try:
-        return cls.decode(memoryview(frame)[start:], version=version)
-    except Exception as exc:
-        raise MalformedBody(f"{what} v{version} does not parse: {exc}") from exc
+    # Strict: a null array here (a broker's bug or a stranger's bytes) would fail the loops below.
+    return decode_strict(cls, frame, start, version, f"{what} v{version}")
 
 
 def read_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int) -> int:
@@ -64,6 +74,9 @@ def set_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int,
     where = throttle_field(api_key, api_version)
     value = min(max(throttle_ms, 0), _INT32)
     if where is ThrottleField.FIRST:
+        if len(frame) < body_offset + 4:  # patching would make up the bytes the broker left out
+            raise MalformedBody(f"{KNOWN_APIS[api_key].name} v{api_version} response of {len(frame)} bytes "
+                                "ends before its throttle_time_ms")
         return frame[:body_offset] + value.to_bytes(4, "big") + frame[body_offset + 4 :]
     if where is ThrottleField.INSIDE:
         spec = KNOWN_APIS[api_key]
@@ -101,7 +114,13 @@ def fetch_max_wait_ms(frame: bytes, header: RequestHeader) -> int:
 
 
 def cap_fetch_bytes(frame: bytes, header: RequestHeader, cap: int) -> bytes:
-    """Lower `max_bytes` to `cap` and `min_bytes` to at most that, as a broker does for quotas."""
+    """Lower `max_bytes` to `cap` and `min_bytes` to at most that, as a broker does for quotas.
+
+    Fetch before v3 has no `max_bytes` (a broker treats it as unlimited): it is left as it is,
+    since the bytes where v3 keeps it are the topics array's count.
+    """
+    if header.api_version < FETCH_FIRST_MAX_BYTES:
+        return frame
     pos = _fetch_sizes_offset(header)
     if len(frame) < pos + 12:
         raise MalformedBody(f"Fetch v{header.api_version} request is truncated")

@@ -117,8 +117,18 @@ def test_clamp_broker_error_v0_body() -> None:
 
 
 def test_clamp_garbage_raises_malformed_body() -> None:
-    with pytest.raises(MalformedBody, match="ApiVersions v3 response does not parse"):
+    with pytest.raises(MalformedBody, match="ApiVersions v3 response: api_keys has length 4 but only 1 "):
         clamp_api_versions(b"\x00\x00\x05\x00", 3)
+    with pytest.raises(MalformedBody, match="ApiVersions v3 response does not parse: truncated varint"):
+        clamp_api_versions(b"\x00\x00\x01\x00\x00\x00\x00", 3)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_clamp_null_api_keys_raises_malformed_body(version: int) -> None:
+    """Found by the property tests: a null array was a TypeError, not a clean close."""
+    raw = body(ApiVersionsResponse, version, error_code=0, api_keys=None, throttle_time_ms=0)
+    with pytest.raises(MalformedBody, match=rf"ApiVersions v{version} response: api_keys is null"):
+        clamp_api_versions(raw, version)
 
 
 def test_unsupported_version_response() -> None:

@@ -7,11 +7,12 @@ import uuid
 from typing import Any
 
 import pytest
+from kafka.protocol.admin import DescribeGroupsRequest, DescribeTopicPartitionsRequest, ElectLeadersRequest
 from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.producer import ProduceResponse
 
 from protocol.errors import MalformedBody
-from protocol.skim import fetch_response_has_tags, produce_response_has_tags
+from protocol.skim import decode_strict, fetch_response_has_tags, produce_response_has_tags
 
 from .wire import body, tagged_section
 
@@ -125,3 +126,60 @@ def test_an_absurd_array_count_fails_at_once() -> None:
     data = b"\x00" * 10 + b"\xff\xff\xff\xff\x0f"  # compact array of 2**32 - 2 topics
     with pytest.raises(MalformedBody, match="array of"):
         fetch_response_has_tags(data, 0, 16)
+
+
+# -- decode_strict: length prefixes as Kafka's readers take them ---------------------------------
+
+
+def strict(cls: Any, raw: bytes, version: int) -> Any:
+    return decode_strict(cls, raw, 0, version, f"{cls.__name__[:-7]} v{version} request")
+
+
+@pytest.mark.parametrize("version", [0, 5])  # classic int16 lengths, then compact ones
+def test_strict_names_a_null_element_of_a_string_array(version: int) -> None:
+    raw = body(DescribeGroupsRequest, version, groups=["a", None], include_authorized_operations=False)
+    with pytest.raises(MalformedBody, match=rf"DescribeGroups v{version} request: groups\[1\] is null"):
+        strict(DescribeGroupsRequest, raw, version)
+    good = body(DescribeGroupsRequest, version, groups=["a", ""], include_authorized_operations=True)
+    assert strict(DescribeGroupsRequest, good, version).groups == ["a", ""]
+
+
+def test_strict_refuses_a_fixed_width_array_longer_than_the_body() -> None:
+    raw = body(ElectLeadersRequest, 0, topic_partitions=[
+        ElectLeadersRequest.TopicPartitions(topic="t", partitions=[1, 2, 3])], timeout_ms=1)
+    # the partitions count sits right after the topic name
+    cut = raw.index(b"\x00\x00\x00\x03")
+    bad = raw[:cut] + b"\x00\x00\x00\x05" + raw[cut + 4 :]  # 20 bytes claimed, 16 left
+    with pytest.raises(MalformedBody, match=r"topic_partitions\[0\]\.partitions of 5 int32 runs past"):
+        strict(ElectLeadersRequest, bad, 0)
+
+
+def test_strict_nullable_struct_marker() -> None:
+    """KIP-893: a nested struct may be null with a one-byte -1 marker."""
+    cls = DescribeTopicPartitionsRequest
+    for cursor in (None, cls.Cursor(topic_name="t", partition_index=3)):
+        raw = body(cls, 0, topics=[cls.TopicRequest(name="t")], response_partition_limit=5, cursor=cursor)
+        assert strict(cls, raw, 0).cursor == cursor
+    raw = body(cls, 0, topics=[], response_partition_limit=5, cursor=cls.Cursor(topic_name="t",
+                                                                                  partition_index=3))
+    at = raw.index(b"\x02t")  # the cursor's topic name: compact length 1 + 1
+    spoiled = raw[:at] + b"\x7f" + raw[at + 1 :]  # now it claims 126 bytes
+    with pytest.raises(MalformedBody, match=r"cursor\.topic_name has length 126 but only 7 bytes"):
+        strict(cls, spoiled, 0)
+
+
+def test_strict_steps_over_unknown_tagged_fields() -> None:
+    raw = body(DescribeGroupsRequest, 5, groups=["g"], include_authorized_operations=False)
+    tagged = raw[:-1] + tagged_section({7: b"future", 9: b""})
+    assert strict(DescribeGroupsRequest, tagged, 5).groups == ["g"]
+    with pytest.raises(MalformedBody, match="does not parse: tagged field runs past the end"):
+        strict(DescribeGroupsRequest, raw[:-1] + b"\x01\x07\x09abc", 5)
+
+
+@pytest.mark.parametrize("length", [b"\xff\xfe", b"\x80\x00"])
+def test_strict_refuses_negative_lengths_other_than_null(length: bytes) -> None:
+    raw = body(DescribeGroupsRequest, 0, groups=["abc"])
+    bad = raw[:4] + length + raw[6:]
+    value = int.from_bytes(length, "big", signed=True)
+    with pytest.raises(MalformedBody, match=rf"groups\[0\] has length {value}$"):
+        strict(DescribeGroupsRequest, bad, 0)

@@ -304,6 +304,20 @@ def test_empty_fetch_response_of_garbage_is_malformed() -> None:
         empty_fetch_response(frame[: offset + 20], offset, 12, 10)
 
 
+def test_version_above_the_schemas_has_no_known_field() -> None:
+    too_new = KNOWN_APIS[ApiKey.METADATA].max_version + 1
+    assert throttle_field(ApiKey.METADATA, too_new) is ThrottleField.NONE
+    assert throttle_field(ApiKey.METADATA, -1) is ThrottleField.NONE
+    frame = b"\x00\x00\x00\x01\x00" + b"\x00" * 12
+    assert set_throttle(ApiKey.METADATA, too_new, frame, 5, 100) is frame
+
+
+def test_throttle_not_patched_into_a_response_too_short_for_it() -> None:
+    short = response(HeartbeatResponse, 4, 1, throttle_time_ms=0, error_code=0)[:7]
+    with pytest.raises(MalformedBody, match="Heartbeat v4 response of 7 bytes ends before its throttle"):
+        set_throttle(12, 4, short, 5, 100)  # Heartbeat
+
+
 # -- fetch request sizes --------------------------------------------------------------------------
 
 
@@ -369,6 +383,18 @@ def test_cap_keeps_a_smaller_min_bytes(version: int) -> None:
 def test_cap_above_max_bytes_leaves_the_frame(version: int) -> None:
     frame = fetch_request(version, max_bytes=10_000)
     assert cap_fetch_bytes(frame, parse_request_header(frame), 25_000) is frame
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_cap_leaves_a_fetch_without_max_bytes(version: int) -> None:
+    """Found by the property tests: before v3 the bytes where max_bytes would be are the topics
+    array's count, which the cap used to lower (here from 2 topics to 1)."""
+    topics = [FT(topic=name, partitions=[FP(partition=0, fetch_offset=1, partition_max_bytes=100)])
+              for name in ("a", "b")]
+    frame = request(FetchRequest, version, 3, "old-consumer", replica_id=-1, max_wait_ms=500,
+                    min_bytes=50_000, topics=topics)
+    assert cap_fetch_bytes(frame, parse_request_header(frame), 1) is frame
+    assert [t.topic for t in decode_request(frame).topics] == ["a", "b"]
 
 
 def test_truncated_fetch_request_is_malformed() -> None:
