@@ -10,6 +10,7 @@ from typing import Any
 
 from protocol.apis import KNOWN_APIS
 from protocol.connection import Action, BrokersSeen, Close, ToBroker, ToClient
+from protocol.errors import ProtocolError
 from protocol.frames import FrameSplitter, frame
 from protocol.headers import encode_request_header, encode_response_header
 
@@ -17,8 +18,15 @@ Address = tuple[str, int]
 
 
 def advertise(node_id: int) -> Address:
-    """The proxy listener that stands for `node_id` in these tests."""
-    return ("proxy.test", 19000 + node_id)
+    """The proxy listener that stands for `node_id` in these tests.
+
+    Like the proxy's own (which refuses a node its port range cannot hold), a node id whose port
+    would not fit the int32 port field is a ProtocolError, so the connection closes naming it.
+    """
+    port = 19000 + node_id
+    if not -(2**31) <= port < 2**31:
+        raise ProtocolError(f"node id {node_id} has no listener port in these tests")
+    return ("proxy.test", port)
 
 
 def uvarint(value: int) -> bytes:
