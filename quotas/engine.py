@@ -5,14 +5,20 @@ when the request arrives), with everything the request used. Like a broker, the 
 largest of the violated quotas, and only that quota's throttle-time sensor records it (a tie goes
 to the request quota). A throttled Fetch is not counted against the byte rate, since its records
 are not delivered (Kafka un-records it and answers empty).
+
+In a fleet (several proxies, one quota: see fleet.py), `attach_fleet` makes every decision use the
+bucket's own rate plus its peers' latest ones; the proxy's exchange reads `local_usage` and
+`take_new_producer_ids` for its reports and feeds what peers report into the PeerUsage and
+`learn_producer_ids`. Without a fleet none of that costs anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .entity import QuotaEntity
+from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
@@ -75,6 +81,10 @@ class QuotaEngine:
                                               config.pid_false_positive_rate, config.pid_max_users)
         self.table: QuotaTable = {}
         self._expiry_turn = 0
+        #: the fleet's merged peer usage (None: a lone proxy)
+        self.fleet: PeerUsage | None = None
+        #: producer ids first seen here since the last `take_new_producer_ids` (with a fleet only)
+        self._new_producer_ids: list[tuple[str, int]] = []
 
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history."""
@@ -141,7 +151,13 @@ class QuotaEngine:
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.FETCH
         if producer_ids:
-            new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
+            if self.fleet is None:
+                new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
+            else:
+                fresh = self.producer_ids.new_id_list(user, list(producer_ids), now_ms)
+                new = len(fresh)
+                if fresh and len(self._new_producer_ids) < MAX_PENDING_PRODUCER_IDS:
+                    self._new_producer_ids.extend((user, pid) for pid in fresh)
             if new:
                 charge = managers[QuotaType.PRODUCER_IDS].record(user, "", new, now_ms)
                 if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
@@ -157,6 +173,39 @@ class QuotaEngine:
         if fetch_charge is not None:
             managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
         return Verdict(worst.throttle_ms, worst_type)
+
+    # -- the fleet --------------------------------------------------------------------------------
+
+    def attach_fleet(self, peers: PeerUsage, on_urgent: Callable[[], None] | None = None) -> None:
+        """Decide from now on with the fleet's usage: a bucket's own rate plus `peers`' rates.
+
+        `on_urgent` is called from the hot path (at most once per quota type between two
+        `local_usage` calls) when a bucket's own rate rose by more than URGENT_CHANGE_RATIO of its
+        bound since it was last listed: the exchange should then send a delta report at once (no
+        sooner than URGENT_MIN_INTERVAL_MS after the previous urgent one). It must not do I/O.
+        """
+        self.fleet = peers
+        for quota_type, manager in self.managers.items():
+            manager.attach_fleet(peers.view(quota_type), on_urgent)
+
+    def local_usage(self, now_ms: int, changed_only: bool = False) -> list[UsageEntry]:
+        """Every live bucket's own rate, for a full report; `changed_only` for a delta report:
+        buckets charged or throttled since the previous delta listing whose rate moved by more than
+        DELTA_CHANGE_OF_BOUND of their bound (see ClientQuotaManager.local_usage)."""
+        usage: list[UsageEntry] = []
+        for manager in self.managers.values():
+            usage += manager.local_usage(now_ms, changed_only)
+        return usage
+
+    def take_new_producer_ids(self) -> list[tuple[str, int]]:
+        """(user, producer id) first seen here since the last call, for peers to learn."""
+        new, self._new_producer_ids = self._new_producer_ids, []
+        return new
+
+    def learn_producer_ids(self, user: str, pids: Sequence[int], now_ms: int) -> None:
+        """Remember ids a peer saw first, without counting them: if they come here later, they
+        count nowhere again (KIP-936 counts an id once, and the fleet is one quota)."""
+        self.producer_ids.new_id_list(user, list(pids), now_ms)
 
     # -- what the I/O layer runs and exports -------------------------------------------------------
 

@@ -10,8 +10,16 @@ everything about that exchange that needs no socket and no clock of its own:
   7 bytes plus its share of the names;
 - `PeerUsage`: what peers reported, with replay protection per sender and the ageing rule (full
   weight while fresh, then linearly to 0 over one quota window: never a step, which would give a
-  dead member's clients a fresh burst); `PeerView.rate` is what the engine's hot path calls;
+  dead member's clients a fresh burst); each `ClientQuotaManager` reads its `PeerView` per charge
+  (one dict lookup, and one comparison while the peers' reports are fresh);
 - `UsageTracker`: what this member must send next (changed entries every sync, all every full sync).
+
+Freshness decides the accuracy. When headroom opens, every member's clients rush into it at once,
+and a member sees the others' rush only when they report; so besides the periodic syncs, a bucket
+whose rate rose by URGENT_CHANGE_RATIO of its bound asks for an urgent delta report (the engine's
+`on_urgent`), and a throttled bucket is listed in every delta while its client is paused (its rate
+falls, and peers that kept its old rate would under-admit). With both, three greedy producers on
+three members hold one quota as closely as one proxy holds three connections (test_fleet.py).
 
 Wire format (version 1, all integers big-endian, the MAC last)::
 
@@ -39,6 +47,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .types import QuotaType
 
@@ -76,13 +85,23 @@ DEFAULT_CHANGE_RATIO = 0.01
 #: reported asks for an urgent report (`QuotaEngine.attach_fleet(on_urgent=...)`): when headroom
 #: opens, every member's clients rush into it at once, and each member sees the others' rush only
 #: when they report. With reports every 100 ms only, three greedy producers overshoot and then pay
-#: it back in long throttles (a 20 s window measured 0.95-1.06x the quota in the unit simulation);
-#: with urgent reports, 0.98-1.04x, as one proxy alone.
+#: it back in long throttles (tests/unit/test_fleet.py, last 20 s of 30 s, fitted: 0.99-1.10x the
+#: quota, 0.98-1.16x with 5 % loss); with urgent reports 0.98-1.03x, as one proxy alone.
 URGENT_CHANGE_RATIO = 0.05
 
 #: Urgent reports a member sends at most one per this interval (bounds their traffic to 100
 #: delta syncs a second, each only of the entries that changed).
 URGENT_MIN_INTERVAL_MS = 10
+
+#: Between full syncs, a charged bucket is listed for a delta sync only when its rate moved by more
+#: than this share of its bound since it was last listed: what a peer's decision can be off by
+#: (1 % of the bound per member), without resending every small wobble of a bucket far below it.
+DELTA_CHANGE_OF_BOUND = 0.01
+
+#: New producer ids a member keeps for its next report at most; past it they are not announced
+#: (a peer that sees one of them later counts it again: stricter, never looser). KIP-936 expects
+#: new ids to be rare; 10,000 between two syncs is a flood.
+MAX_PENDING_PRODUCER_IDS = 10_000
 
 #: Longest fleet name: Kafka's longest topic name (`Topic.MAX_NAME_LENGTH`, 249); a cluster id,
 #: the default fleet name, is 22 characters.
@@ -124,6 +143,7 @@ _QUOTA_CODES: dict[QuotaType, int] = {
     QuotaType.PRODUCER_IDS: 4,
 }
 _QUOTAS_BY_CODE: dict[int, QuotaType] = {code: quota for quota, code in _QUOTA_CODES.items()}
+_QUOTA_CODES_BY_NAME: dict[str, int] = {quota.name: code for quota, code in _QUOTA_CODES.items()}
 
 #: Reasons a datagram is dropped (the label of kthrottle_fleet_datagrams_rejected_total).
 REJECT_REASONS = ("malformed", "bad_mac", "replayed", "stale", "other_fleet")
@@ -137,9 +157,12 @@ class DatagramRejected(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class UsageEntry:
-    """One bucket's own windowed rate on one member (units per second, as `WindowedRate.measure`)."""
+class UsageEntry(NamedTuple):
+    """One bucket's own windowed rate on one member (units per second, as `WindowedRate.measure`).
+
+    A tuple, not a frozen dataclass: a full sync makes one per live bucket every second, and a
+    frozen dataclass costs four times as much to build (0.55 us against 0.15 us).
+    """
 
     quota: QuotaType
     user: str
@@ -207,17 +230,6 @@ class _Datagram:
         self.pids: list[bytes] = []
         self.size = fixed
 
-    def _cost(self, items: tuple[tuple[str, bytes], ...]) -> tuple[int, int]:
-        """(bytes, table slots) the names not yet in the table would add."""
-        extra = slots = 0
-        new: set[str] = set()
-        for name, item in items:
-            if name not in self.table and name not in new:
-                new.add(name)
-                extra += len(item)
-                slots += 1
-        return extra, slots
-
     def _index(self, name: str, item: bytes) -> int:
         index = self.table.get(name)
         if index is None:
@@ -226,24 +238,30 @@ class _Datagram:
         return index
 
     def add_entry(self, code: int, user: tuple[str, bytes], client: tuple[str, bytes], rate: float) -> bool:
-        extra, slots = self._cost((user, client))
-        if self.size + extra + _ENTRY.size > MAX_DATAGRAM_BYTES or len(self.strings) + slots > _MAX_STRINGS:
+        """Add one entry if it fits (with the names the table lacks); False: start a new datagram."""
+        table = self.table
+        extra = slots = 0
+        if user[0] not in table:
+            extra, slots = len(user[1]), 1
+        if client[0] not in table and client[0] != user[0]:
+            extra += len(client[1])
+            slots += 1
+        size = self.size + extra + _ENTRY.size
+        if size > MAX_DATAGRAM_BYTES or len(self.strings) + slots > _MAX_STRINGS:
             return False
         self.entries.append(_ENTRY.pack(code, self._index(*user), self._index(*client), rate))
-        self.size += extra + _ENTRY.size
+        self.size = size
         return True
 
     def add_pid(self, user: tuple[str, bytes], pid: int) -> bool:
-        extra, slots = self._cost((user,))
-        if self.size + extra + _PID.size > MAX_DATAGRAM_BYTES or len(self.strings) + slots > _MAX_STRINGS:
+        """Add one new producer id if it fits; False: start a new datagram."""
+        extra, slots = (0, 0) if user[0] in self.table else (len(user[1]), 1)
+        size = self.size + extra + _PID.size
+        if size > MAX_DATAGRAM_BYTES or len(self.strings) + slots > _MAX_STRINGS:
             return False
         self.pids.append(_PID.pack(self._index(*user), pid))
-        self.size += extra + _PID.size
+        self.size = size
         return True
-
-    @property
-    def empty(self) -> bool:
-        return not self.entries and not self.pids
 
     def seal(self, head: bytes, ids: bytes, secret: bytes) -> bytes:
         body = b"".join((head, ids, bytes((len(self.strings),)), *self.strings,
@@ -257,6 +275,7 @@ def encode_usage(fleet: str, sender: int, first_seq: int, sent_unix_ms: int, ful
                  secret: bytes) -> list[bytes]:
     """As many datagrams as needed (seq first_seq, first_seq+1, ...), each HMAC-SHA256 signed.
 
+    Entries of one bucket (user, client-id) travel together, in the order the bucket first appears.
     Always at least one: with nothing to send, one empty datagram still tells peers this member
     is alive. Every datagram is at most MAX_DATAGRAM_BYTES, and every entry fits one (a long name
     travels as a 16-byte digest). Raises ValueError for a bad argument (it names the value): a
@@ -283,30 +302,47 @@ def encode_usage(fleet: str, sender: int, first_seq: int, sent_unix_ms: int, ful
             found = items[value] = (_DIGEST_PAD + item[1:].hex() if item[0] == _DIGEST_TAG else value, item)
         return found
 
-    datagrams = [_Datagram(fixed)]
+    # A bucket's quota types side by side, so its names are written once a datagram (the engine
+    # lists one quota type after another). First-seen order otherwise.
+    grouped: dict[tuple[str, str], list[UsageEntry]] = {}
     for entry in entries:
-        rate = entry.rate
-        if not (math.isfinite(rate) and rate <= _FLOAT32_MAX):
-            raise ValueError(f"rate of {entry} cannot be sent (finite float32 only)")
-        rate = max(rate, 0.0)
-        code = _QUOTA_CODES[entry.quota]
-        user, client = name(entry.user), name(entry.client_id)
-        if not datagrams[-1].add_entry(code, user, client, rate):
-            datagrams.append(_Datagram(fixed))
-            if not datagrams[-1].add_entry(code, user, client, rate):  # pragma: no cover - by the bounds
+        key = (entry[1], entry[2])
+        same = grouped.get(key)
+        if same is None:
+            grouped[key] = [entry]
+        else:
+            same.append(entry)
+    datagram = _Datagram(fixed)
+    datagrams = [datagram]
+    for same in grouped.values():
+        for entry in same:
+            quota, user_name, client_name, rate = entry
+            if not (rate <= _FLOAT32_MAX and math.isfinite(rate)):
+                raise ValueError(f"rate of {entry} cannot be sent (finite float32 only)")
+            if rate < 0.0:
+                rate = 0.0
+            code = _QUOTA_CODES_BY_NAME[quota._name_]  # an enum's own hash is a Python call
+            user = items.get(user_name) or name(user_name)
+            client = items.get(client_name) or name(client_name)
+            if datagram.add_entry(code, user, client, rate):
+                continue
+            datagram = _Datagram(fixed)
+            datagrams.append(datagram)
+            if not datagram.add_entry(code, user, client, rate):  # pragma: no cover - by the bounds
                 raise AssertionError(f"one entry does not fit an empty datagram: {entry}")
     for user_name, pid in new_producer_ids:
         if not -(2**63) <= pid < 2**63:
             raise ValueError(f"producer id {pid} of {user_name!r} is not a 64-bit integer")
         user = name(user_name)
-        if not datagrams[-1].add_pid(user, pid):
-            datagrams.append(_Datagram(fixed))
-            if not datagrams[-1].add_pid(user, pid):  # pragma: no cover - by the bounds
+        if not datagram.add_pid(user, pid):
+            datagram = _Datagram(fixed)
+            datagrams.append(datagram)
+            if not datagram.add_pid(user, pid):  # pragma: no cover - by the bounds
                 raise AssertionError(f"one producer id does not fit an empty datagram: {user_name!r}")
     if first_seq + len(datagrams) - 1 > _MAX_U64:
         raise ValueError(f"sequence numbers from {first_seq} run past 2**64-1")
-    return [datagram.seal(head, _IDS.pack(sender, first_seq + n, sent_unix_ms), secret)
-            for n, datagram in enumerate(datagrams)]
+    return [filled.seal(head, _IDS.pack(sender, first_seq + n, sent_unix_ms), secret)
+            for n, filled in enumerate(datagrams)]
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -414,6 +450,24 @@ class _Slot:
         self.updated_ms = updated_ms
 
 
+class PeerReports:
+    """Every peer's slot for one bucket, with what the hot path needs precomputed: while no slot
+    has aged past `stale_after_ms` (the usual case: peers refresh every full sync), the peers'
+    rate is `total`, one comparison away (`ClientQuotaManager.record` reads it inline)."""
+
+    __slots__ = ("fresh_until_ms", "slots", "total")
+
+    def __init__(self, slot: _Slot, stale_after_ms: int) -> None:
+        self.slots = [slot]
+        self.total = slot.rate
+        self.fresh_until_ms = slot.updated_ms + stale_after_ms
+
+    def refresh(self, stale_after_ms: int) -> None:
+        slots = self.slots
+        self.total = sum(slot.rate for slot in slots)
+        self.fresh_until_ms = min(slot.updated_ms for slot in slots) + stale_after_ms
+
+
 class _Sender:
     """A member incarnation: replay protection and liveness."""
 
@@ -430,33 +484,38 @@ class PeerView:
     """Peers' rates for one quota type: what a `ClientQuotaManager` asks on every recording.
 
     The manager holds its view, so the hot path costs one dict lookup by its bucket key (no
-    enum hashing) and, for a key peers reported, a loop over the peers that reported it.
+    enum hashing) and, for a key peers reported, one comparison while every report is fresh,
+    else a loop over the peers that reported it.
     """
 
-    __slots__ = ("_peers", "_reports", "quota")
+    __slots__ = ("_peers", "has_digests", "quota", "reports")
 
     def __init__(self, peers: PeerUsage, quota: QuotaType) -> None:
         self._peers = peers
         self.quota = quota
-        #: (user, client-id) in wire form -> one slot per peer reporting it
-        self._reports: dict[tuple[str, str], list[_Slot]] = {}
+        #: (user, client-id) in wire form -> the slots of the peers reporting it
+        self.reports: dict[tuple[str, str], PeerReports] = {}
+        #: whether any key in digest form was ever reported (lookups then map long names)
+        self.has_digests = False
 
     def rate(self, key: tuple[str, str], now_ms: int) -> float:
         """Sum of peers' weighted rates for bucket `key` (user, client-id)."""
-        slots = self._reports.get(key)
-        if slots is None:
-            if not self._peers.has_digests:
+        reports = self.reports.get(key)
+        if reports is None:
+            if not self.has_digests:
                 return 0.0
             wire = (wire_name(key[0]), wire_name(key[1]))
             if wire == key:
                 return 0.0
-            slots = self._reports.get(wire)
-            if slots is None:
+            reports = self.reports.get(wire)
+            if reports is None:
                 return 0.0
+        if now_ms <= reports.fresh_until_ms:
+            return reports.total
         peers = self._peers
         stale = peers.stale_after_ms
         total = 0.0
-        for slot in slots:
+        for slot in reports.slots:
             age = now_ms - slot.updated_ms
             if age <= stale:
                 total += slot.rate
@@ -473,10 +532,10 @@ class PeerView:
 
     def rates(self, now_ms: int) -> dict[tuple[str, str], float]:
         """Every reported bucket with its peers' weighted rate (for metrics; not for the hot path)."""
-        return {key: self.rate(key, now_ms) for key in self._reports}
+        return {key: self.rate(key, now_ms) for key in self.reports}
 
     def __len__(self) -> int:
-        return len(self._reports)
+        return len(self.reports)
 
 
 class PeerUsage:
@@ -507,8 +566,6 @@ class PeerUsage:
         #: every slot, least recently updated first (expiry and eviction take from the front)
         self._order: OrderedDict[_Slot, None] = OrderedDict()
         self._senders: dict[int, _Sender] = {}
-        #: whether any key in digest form was ever reported (lookups then map long names)
-        self.has_digests = False
         #: entries evicted because `max_entries` was reached (their usage dropped early)
         self.evicted = 0
 
@@ -532,18 +589,19 @@ class PeerUsage:
         for entry in report.entries:
             view = self._views[entry.quota]
             key = (entry.user, entry.client_id)
-            slots = view._reports.get(key)
+            reports = view.reports.get(key)
             slot = None
-            if slots is not None:
-                for candidate in slots:
+            if reports is not None:
+                for candidate in reports.slots:
                     if candidate.sender is sender:
                         slot = candidate
                         break
-            if slot is not None:
+            if slot is not None and reports is not None:
                 if entry.rate > 0.0:
                     slot.rate = entry.rate
                     slot.updated_ms = now_ms
                     order.move_to_end(slot)
+                    reports.refresh(self.stale_after_ms)
                 else:
                     self._remove(slot)
             elif entry.rate > 0.0:
@@ -551,23 +609,26 @@ class PeerUsage:
                     self._remove(next(iter(order)))
                     self.evicted += 1
                 slot = _Slot(view, key, sender, entry.rate, now_ms)
-                slots = view._reports.get(key)  # eviction may have removed the list
-                if slots is None:
-                    view._reports[key] = [slot]
+                reports = view.reports.get(key)  # eviction may have removed it
+                if reports is None:
+                    view.reports[key] = PeerReports(slot, self.stale_after_ms)
                 else:
-                    slots.append(slot)
+                    reports.slots.append(slot)
+                    reports.refresh(self.stale_after_ms)
                 order[slot] = None
                 sender.entries += 1
                 if len(key[0]) > MAX_LITERAL_NAME_BYTES or len(key[1]) > MAX_LITERAL_NAME_BYTES:
-                    self.has_digests = True
+                    view.has_digests = True
 
     def _remove(self, slot: _Slot) -> None:
         del self._order[slot]
-        reports = slot.view._reports
-        slots = reports[slot.key]
-        slots.remove(slot)
-        if not slots:
-            del reports[slot.key]
+        by_key = slot.view.reports
+        reports = by_key[slot.key]
+        reports.slots.remove(slot)
+        if reports.slots:
+            reports.refresh(self.stale_after_ms)
+        else:
+            del by_key[slot.key]
         slot.sender.entries -= 1
 
     def peer_rate(self, quota: QuotaType, user: str, client_id: str, now_ms: int) -> float:
@@ -577,7 +638,8 @@ class PeerUsage:
     def sender_rates(self, quota: QuotaType, user: str, client_id: str, now_ms: int) -> dict[int, float]:
         """Each peer's weighted rate for one bucket (introspection: which member brings what)."""
         view = self._views[quota]
-        slots = view._reports.get((wire_name(user), wire_name(client_id)), [])
+        reports = view.reports.get((wire_name(user), wire_name(client_id)))
+        slots = reports.slots if reports is not None else []
         return {slot.sender.id: view.weighted(slot, now_ms) for slot in slots}
 
     def members(self, now_ms: int) -> dict[int, int]:
@@ -626,32 +688,42 @@ class UsageTracker:
         if not 0.0 <= change_ratio < 1.0:
             raise ValueError(f"change_ratio must be in [0, 1), got {change_ratio}")
         self.change_ratio = change_ratio
-        self._sent: dict[tuple[QuotaType, str, str], float] = {}
+        #: (quota name, user, client-id) -> the rate last sent
+        self._sent: dict[tuple[str, str, str], float] = {}
 
     def due(self, current: Iterable[UsageEntry], full: bool) -> list[UsageEntry]:
         """The entries to send now. With `full`, `current` must list every live bucket; without,
-        it may list only those charged since the last call (`QuotaEngine.local_usage(changed_only)`)."""
-        sent = self._sent
+        it may list only some (`QuotaEngine.local_usage(now_ms, changed_only=True)`)."""
         ratio = self.change_ratio
         out: list[UsageEntry] = []
-        listed: set[tuple[QuotaType, str, str]] = set()
-        for entry in current:
-            key = (entry.quota, entry.user, entry.client_id)
-            if full:
-                listed.add(key)
-            rate = entry.rate
-            last = sent.get(key)
-            if rate == 0.0:
-                if last:  # went to 0: once
+        sent = self._sent
+        if not full:
+            for entry in current:
+                quota, user, client_id, rate = entry
+                key = (quota._name_, user, client_id)  # an enum's own hash is a Python call
+                last = sent.get(key)
+                if rate == 0.0:
+                    if last:  # went to 0: once
+                        out.append(entry)
+                        sent[key] = 0.0
+                elif last is None or abs(rate - last) > ratio * last:
                     out.append(entry)
-                    sent[key] = 0.0
-            elif full or last is None or abs(rate - last) > ratio * last:
+                    sent[key] = rate
+            return out
+        # A full sync: everything with a rate, 0 once for what stopped, and what is no longer
+        # listed (its bucket expired) sent as 0 if peers still hold a rate for it, then forgotten.
+        listed: dict[tuple[str, str, str], float] = {}
+        for entry in current:
+            quota, user, client_id, rate = entry
+            key = (quota._name_, user, client_id)
+            last = sent.pop(key, None)
+            if rate != 0.0 or last:
                 out.append(entry)
-                sent[key] = rate
-        if full:
-            for key in [key for key in sent if key not in listed]:
-                if sent.pop(key):
-                    out.append(UsageEntry(key[0], key[1], key[2], 0.0))
+            listed[key] = rate
+        for (name, user, client_id), last in sent.items():
+            if last:
+                out.append(UsageEntry(QuotaType[name], user, client_id, 0.0))
+        self._sent = listed
         return out
 
     def __len__(self) -> int:

@@ -30,10 +30,12 @@ Memory is bounded, however many client ids appear:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .entity import DEFAULT, BucketKey, QuotaEntity
+from .fleet import DELTA_CHANGE_OF_BOUND, URGENT_CHANGE_RATIO, PeerView, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from .throttle import bounded_throttle_time_ms, throttle_time_ms
 from .types import QuotaType
@@ -115,6 +117,10 @@ class Bucket:
     throttled_until_ms: int = 0
     #: when the bucket last moved to the young end of the expiry order
     seen_ms: int = 0
+    #: its own rate when it was last listed for the fleet (what peers know of it), and the rate
+    #: above which it asks for an urgent report (URGENT_CHANGE_RATIO of its bound higher)
+    reported: float = 0.0
+    urgent_above: float = 0.0
 
 
 class Charge(NamedTuple):
@@ -122,7 +128,7 @@ class Charge(NamedTuple):
 
     bucket: BucketKey | None  # None: no quota applies (unlimited)
     bound: float
-    observed: float
+    observed: float  # the rate decided on: with a fleet, the bucket's own plus its peers'
     throttle_ms: int
 
 
@@ -190,6 +196,14 @@ class ClientQuotaManager:
         #: buckets dropped by `expire_idle`, and dormant ones evicted early to make room
         self.expired_buckets = 0
         self.evicted_buckets = 0
+        #: peers' rates for this quota type (see fleet.py); None, a lone proxy, costs one test
+        self.peers: PeerView | None = None
+        #: with a fleet: buckets charged, and throttled (-> throttle end), since the last delta listing
+        self._charged: set[BucketKey] = set()
+        self._throttled: dict[BucketKey, int] = {}
+        self._listed_ms = 0
+        self._on_urgent: Callable[[], None] | None = None
+        self._urgent_asked = False
 
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
@@ -305,6 +319,8 @@ class ClientQuotaManager:
         bucket = self.buckets.get(key)
         if bucket is None:
             key, bucket = self._new_bucket(found, user, client_id, now_ms)
+            if bucket.reported == 0.0:  # never listed: urgent once past 5 % of its bound
+                bucket.urgent_above = URGENT_CHANGE_RATIO * bound
         elif now_ms - bucket.seen_ms >= REORDER_INTERVAL_MS:
             self._touch(key, bucket, now_ms)
         bucket.bound = bound
@@ -314,6 +330,17 @@ class ClientQuotaManager:
         rate = bucket.rate
         rate.record(value, now_ms)
         observed, window_ms = rate.measure_with_window(now_ms)
+        peers = self.peers
+        if peers is not None:
+            # Kafka's formula on the fleet's usage: this bucket's own rate plus its peers'
+            self._charged.add(key)
+            if observed > bucket.urgent_above and not self._urgent_asked:
+                self._ask_urgent()
+            reports = peers.reports.get(key)
+            if reports is not None and now_ms <= reports.fresh_until_ms:
+                observed += reports.total  # every peer's report is fresh: their plain sum
+            elif reports is not None or peers.has_digests:
+                observed += peers.rate(key, now_ms)  # some report is ageing, or a long name
         if observed <= bound:
             return Charge(key, bound, observed, 0)
         if self.max_throttle_ms is None:
@@ -324,7 +351,56 @@ class ClientQuotaManager:
             bucket.throttled_until_ms = now_ms + throttle
             if bucket.throttled_until_ms > self.throttled_until_ms:
                 self.throttled_until_ms = bucket.throttled_until_ms
+        if peers is not None:
+            self._throttled[key] = bucket.throttled_until_ms
         return Charge(key, bound, observed, throttle)
+
+    # -- the fleet ------------------------------------------------------------------------------
+
+    def attach_fleet(self, peers: PeerView | None, on_urgent: Callable[[], None] | None = None) -> None:
+        """Decide on local + peers' usage from now on (None: alone again); see QuotaEngine.attach_fleet."""
+        self.peers = peers
+        self._on_urgent = on_urgent if peers is not None else None
+        self._charged = set()
+        self._throttled = {}
+
+    def _ask_urgent(self) -> None:
+        self._urgent_asked = True
+        if self._on_urgent is not None:
+            self._on_urgent()
+
+    def local_usage(self, now_ms: int, changed_only: bool = False) -> list[UsageEntry]:
+        """Each bucket's own rate, for the fleet's report (see QuotaEngine.local_usage).
+
+        `changed_only`: only buckets charged since the last such listing, or throttled since then
+        (a paused client's rate decays, and peers must see it fall or they under-admit), whose rate
+        moved by more than DELTA_CHANGE_OF_BOUND of their bound since they were last listed.
+        """
+        buckets = self.buckets
+        quota = self.quota_type
+        out: list[UsageEntry] = []
+        keys: set[BucketKey] | dict[BucketKey, Bucket] = buckets
+        if changed_only:
+            keys = self._charged
+            throttled = self._throttled
+            if throttled:
+                since = self._listed_ms
+                keys.update(key for key, until in throttled.items() if until >= since)
+                self._throttled = {key: until for key, until in throttled.items() if until > now_ms}
+            self._listed_ms = now_ms
+        for key in keys:
+            bucket = buckets.get(key)
+            if bucket is None:
+                continue
+            rate = bucket.rate.measure(now_ms)
+            if changed_only and abs(rate - bucket.reported) <= DELTA_CHANGE_OF_BOUND * bucket.bound:
+                continue
+            bucket.reported = rate
+            bucket.urgent_above = rate + URGENT_CHANGE_RATIO * bucket.bound
+            out.append(UsageEntry(quota, key.user, key.client_id, rate))
+        self._charged = set()
+        self._urgent_asked = False
+        return out
 
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""

@@ -123,6 +123,16 @@ class ProducerIdTracker:
 
     def new_ids(self, user: str, pids: list[int], now_ms: int) -> int:
         """How many of `pids` this user shows for the first time (each counted once)."""
+        bloom = self._filter(user)
+        return sum(1 for pid in pids if bloom.add_if_new(pid, now_ms))
+
+    def new_id_list(self, user: str, pids: list[int], now_ms: int) -> list[int]:
+        """Which of `pids` this user shows for the first time (a fleet tells its peers about them)."""
+        bloom = self._filter(user)
+        return [pid for pid in pids if bloom.add_if_new(pid, now_ms)]
+
+    def _filter(self, user: str) -> TimedBloomFilter:
+        """The user's filter, made if needed (evicting the least recently active user past the cap)."""
         bloom = self._users.get(user)
         if bloom is None:
             bloom = TimedBloomFilter(self.window_ms, self.capacity, self.false_positive_rate)
@@ -132,7 +142,7 @@ class ProducerIdTracker:
                 self.evictions += 1
         else:
             self._users.move_to_end(user)
-        return sum(1 for pid in pids if bloom.add_if_new(pid, now_ms))
+        return bloom
 
     def expire(self, now_ms: int, budget: int) -> tuple[int, int]:
         """Drop users whose filters remember nothing, least recently active first.

@@ -7,20 +7,26 @@ Names: a *member* is one proxy (one QuotaEngine with its PeerUsage); *peers* are
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import itertools
+import random
 import struct
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quotas.engine import EngineConfig, QuotaEngine
+from quotas.entity import QuotaEntity
 from quotas.fleet import (
     DEFAULT_STALE_AFTER_MS,
     MAX_CLOCK_SKEW_MS,
     MAX_DATAGRAM_BYTES,
     MAX_FLEET_NAME_BYTES,
     SENDER_RETENTION_MS,
+    URGENT_MIN_INTERVAL_MS,
     DatagramRejected,
     PeerUsage,
     UsageEntry,
@@ -30,7 +36,9 @@ from quotas.fleet import (
     encode_usage,
     wire_name,
 )
+from quotas.rate import WindowConfig
 from quotas.types import QuotaType
+from tests.integration.quota_runs import slope
 
 P, F, R, PIDS = QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.PRODUCER_IDS
 SECRET = b"fleet-secret-0123456789abcdef-32"
@@ -85,8 +93,12 @@ def test_round_trip(entries: list[UsageEntry], pids: list[tuple[str, int]], full
     reports = [decode_usage(d, SECRET, FLEET, NOW) for d in datagrams]
     assert [r.seq for r in reports] == list(range(first_seq, first_seq + len(datagrams)))
     assert all((r.fleet, r.sender, r.sent_unix_ms, r.full) == (FLEET, sender, NOW, full) for r in reports)
+    grouped: dict[tuple[str, str], list[UsageEntry]] = {}  # a bucket's entries travel together
+    for e in entries:
+        grouped.setdefault((e.user, e.client_id), []).append(e)
     assert [e for r in reports for e in r.entries] == [
-        UsageEntry(e.quota, wire_name(e.user), wire_name(e.client_id), f32(e.rate)) for e in entries]
+        UsageEntry(e.quota, wire_name(e.user), wire_name(e.client_id), f32(e.rate))
+        for same in grouped.values() for e in same]
     assert [p for r in reports for p in r.new_producer_ids] == [(wire_name(u), pid) for u, pid in pids]
 
 
@@ -416,3 +428,253 @@ def test_tracker_full_sync_sends_everything_and_zeroes_what_disappeared() -> Non
     assert len(tracker) == 2  # "d" forgotten; "e" kept at 0 while its bucket lives
     assert tracker.due([entry(100.0)], full=True) == [entry(100.0)]
     assert len(tracker) == 1
+
+
+# -- the engine hook ---------------------------------------------------------------------------
+
+QUOTA = 2_500_000.0
+CLIENT = QuotaEntity(None, "c")
+
+
+def fleet_engine(sender: int = 1) -> tuple[QuotaEngine, PeerUsage]:
+    window = WindowConfig(3, 1000)
+    engine = QuotaEngine(EngineConfig(window=window))
+    engine.set_quotas({CLIENT: {P: QUOTA}})
+    peers = PeerUsage(window.history_ms, own_sender=sender)
+    engine.attach_fleet(peers)
+    return engine, peers
+
+
+def test_the_decision_uses_local_plus_peers_with_kafkas_formula() -> None:
+    """Kafka's vector (500 B/s, ten 400 B records a second apart, then 2300 B: 2100 ms), with the
+    usage split between this member and a peer: the same throttle as one broker would give."""
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity(None, "<default>"): {P: 500}})
+    peers = PeerUsage(engine.config.window.history_ms)
+    engine.attach_fleet(peers)
+    for t in range(0, 10_000, 1000):
+        assert engine.charge("ANONYMOUS", "unknown", t, produce_bytes=200).throttle_ms == 0
+    # the peer's rate for the same bucket: another 200 B a second over the same padded 10 s window
+    peers.accept(report(2, 1, (P, "", "unknown", 2000 / 10.5)), 10_500)  # client-id level: ("", c)
+    verdict = engine.charge("ANONYMOUS", "unknown", 10_500, produce_bytes=2300)
+    assert (verdict.throttle_ms, verdict.quota) == (2100, P)
+
+
+def test_local_usage_lists_every_live_bucket_or_what_moved_among_those_charged_or_throttled() -> None:
+    engine, _ = fleet_engine()
+    engine.set_quotas({CLIENT: {P: QUOTA, R: 50.0}, QuotaEntity(None, "d"): {P: 400.0}})
+    engine.charge("u", "c", 0, produce_bytes=3000, request_time_ms=10)
+    assert engine.charge("u", "d", 0, produce_bytes=1000).throttle_ms == 500  # 500 B/s against 400
+
+    def listed(now: int, changed_only: bool = True) -> list[tuple[str, str, float]]:
+        return sorted((e.quota.name, e.client_id, round(e.rate, 2))
+                      for e in engine.local_usage(now, changed_only=changed_only))
+
+    full = [("PRODUCE", "c", 1304.35), ("PRODUCE", "d", 434.78), ("REQUEST", "c", 0.43)]
+    assert listed(300, changed_only=False) == full  # over the padded 2.3 s window
+    assert listed(400) == [("PRODUCE", "d", 416.67)]  # throttled: paused, so its rate falls
+    engine.charge("u", "c", 450, produce_bytes=100)  # charged, but moved by < 1 % of its bound
+    assert listed(600) == [("PRODUCE", "d", 384.62)]  # its throttle ended since the last listing
+    engine.charge("u", "c", 700, produce_bytes=100_000)
+    assert listed(800) == [("PRODUCE", "c", 36821.43)]  # "d" is left to the next full listing
+    assert listed(900, changed_only=False) == [
+        ("PRODUCE", "c", 35551.72), ("PRODUCE", "d", 344.83), ("REQUEST", "c", 0.34)]
+
+
+def test_an_urgent_report_is_asked_for_once_when_a_bucket_rose_by_a_twentieth_of_its_bound() -> None:
+    calls: list[int] = []
+    engine = QuotaEngine(EngineConfig(window=WindowConfig(3, 1000)))
+    engine.set_quotas({CLIENT: {P: 1000.0}})
+    engine.attach_fleet(PeerUsage(3000), on_urgent=lambda: calls.append(1))
+    engine.charge("u", "c", 0, produce_bytes=100)  # 50 B/s over the padded 2 s: exactly 5 %
+    assert calls == []
+    engine.charge("u", "c", 0, produce_bytes=2)
+    engine.charge("u", "c", 0, produce_bytes=200)
+    assert calls == [1]
+    engine.local_usage(0, changed_only=True)  # reported: the next rise asks again
+    engine.charge("u", "c", 0, produce_bytes=98)
+    assert calls == [1]
+    engine.charge("u", "c", 0, produce_bytes=4)
+    assert calls == [1, 1]
+
+
+def test_producer_ids_are_counted_once_across_the_fleet() -> None:
+    engines = []
+    for sender in (1, 2):
+        engine = QuotaEngine()
+        engine.set_quotas({QuotaEntity("alice", None): {PIDS: 1000.0}})
+        engine.attach_fleet(PeerUsage(engine.config.window.history_ms, own_sender=sender))
+        engines.append(engine)
+    a, b = engines
+    a.charge("alice", "x", 0, producer_ids=[7, 8])
+    a.charge("alice", "x", 1, producer_ids=[8, 9])
+    assert a.take_new_producer_ids() == [("alice", 7), ("alice", 8), ("alice", 9)]
+    assert a.take_new_producer_ids() == []
+    b.learn_producer_ids("alice", [7, 8, 9], 2)
+    b.charge("alice", "x", 3, producer_ids=[7, 8, 9, 10])
+    assert b.take_new_producer_ids() == [("alice", 10)]
+    assert b.managers[PIDS].buckets[("alice", "")].rate.total(3) == 1.0  # only 10 counted here
+
+
+def test_without_a_fleet_nothing_is_collected() -> None:
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity("alice", None): {PIDS: 1000.0}, CLIENT: {P: 10.0}})
+    engine.charge("alice", "c", 0, producer_ids=[7], produce_bytes=10_000)
+    assert engine.take_new_producer_ids() == []
+    assert engine.fleet is None
+    assert not engine.managers[P]._charged
+
+
+# -- three members, three greedy producers of one client id ---------------------------------------
+
+SYNC_MS, FULL_SYNC_MS = 100, 1000
+EPOCH = NOW
+
+
+@dataclass
+class Member:
+    engine: QuotaEngine
+    peers: PeerUsage
+    sender: int
+    tracker: UsageTracker = field(default_factory=UsageTracker)
+    seq: int = 1
+    urgent_at: float = -1e9
+    urgent_pending: bool = False
+
+
+@dataclass
+class Run:
+    #: (time since start, bytes, member) for every produce request
+    delivered: list[tuple[float, int, int]]
+    #: (time since start, the dead member's rate as member 0 weighs it), every sync of member 0
+    dead_rate: list[tuple[float, float]]
+    #: datagrams dropped because a later one from the same member arrived first
+    rejected: int
+
+
+def replay_fleet(seed: int, *, fleet: bool = True, drop: float = 0.0, until_ms: float = 30_000,
+                 die: tuple[int, float] | None = None, size: int = 256_000) -> Run:
+    """Three members, each with a greedy producer on three connections (as in
+    test_quota_dynamics.py: each connection sends again as soon as its answer is back and its
+    throttle and hold have passed). Members exchange reports as the proxy does: every 100 ms the
+    buckets that changed, every second all of them, and an urgent report (at most every 10 ms)
+    when the hot path asks; each datagram goes through encode_usage/decode_usage, arrives 0.2-2 ms
+    later, and with `drop` some are lost. `die=(member, at_ms)`: that member and its producer stop.
+    """
+    rng = random.Random(seed)
+    window = WindowConfig(3, 1000)
+    events: list[tuple[float, int, int, int, bytes]] = []  # time, kind, member, n, datagram
+    members = []
+    for n in range(3):
+        engine = QuotaEngine(EngineConfig(window=window))
+        engine.set_quotas({CLIENT: {P: QUOTA}})
+        peers = PeerUsage(window.history_ms, own_sender=n + 1)
+        member = Member(engine, peers, n + 1)
+        if fleet:
+            def urgent(member: Member = member) -> None:
+                member.urgent_pending = True
+            engine.attach_fleet(peers, on_urgent=urgent)
+        members.append(member)
+    start = rng.uniform(0, 1000)
+    for n in range(3):
+        for _ in range(3):
+            heapq.heappush(events, (start + rng.uniform(0, 5), 0, n, 0, b""))
+        if fleet:
+            heapq.heappush(events, (rng.uniform(0, SYNC_MS), 1, n, 0, b""))
+    delivered: list[tuple[float, int, int]] = []
+    dead_rate: list[tuple[float, float]] = []
+    rejected = 0
+    while events:
+        now, kind, n, count, datagram = heapq.heappop(events)
+        if now > start + until_ms:
+            break
+        if die is not None and n == die[0] and now - start >= die[1]:
+            continue
+        member = members[n]
+        engine = member.engine
+        t = int(now)
+        if kind == 0:  # a connection of member n's producer
+            hold = engine.hold_ms("", "c", 0, t)
+            if hold > 0:
+                heapq.heappush(events, (now + hold, 0, n, 0, b""))
+                continue
+            took = rng.uniform(2, 20)
+            amount = int(size * rng.uniform(0.3, 1.0))
+            verdict = engine.charge("", "c", t, produce_bytes=amount)
+            delivered.append((now + took - start, amount, n))
+            heapq.heappush(events, (now + took + verdict.throttle_ms, 0, n, 0, b""))
+            if member.urgent_pending:
+                member.urgent_pending = False
+                member.urgent_at = at = max(now, member.urgent_at + URGENT_MIN_INTERVAL_MS)
+                heapq.heappush(events, (at, 1, n, -1, b""))
+        elif kind == 1:  # member n reports: count >= 0 the periodic sync, -1 an urgent one
+            full = count >= 0 and count % (FULL_SYNC_MS // SYNC_MS) == 0
+            due = member.tracker.due(engine.local_usage(t, changed_only=not full), full)
+            datagrams = encode_usage(FLEET, member.sender, member.seq, EPOCH + t, full, due,
+                                     engine.take_new_producer_ids(), SECRET)
+            member.seq += len(datagrams)
+            for other in range(3):
+                if other != n:
+                    for d in datagrams:
+                        if rng.random() >= drop:
+                            heapq.heappush(events, (now + rng.uniform(0.2, 2), 2, other, 0, d))
+            member.peers.expire(t)
+            if count >= 0:
+                heapq.heappush(events, (now + SYNC_MS, 1, n, count + 1, b""))
+            if n == 0 and die is not None:
+                dead = member.peers.sender_rates(P, "", "c", t).get(die[0] + 1, 0.0)
+                dead_rate.append((now - start, dead))
+        else:  # a datagram arrives at member n
+            try:
+                member.peers.accept(decode_usage(datagram, SECRET, FLEET, EPOCH + t), t)
+            except DatagramRejected as e:  # overtaken by a later one (urgent reports are close)
+                assert e.reason == "replayed"
+                rejected += 1
+    return Run(delivered, dead_rate, rejected)
+
+
+def fitted_rate(run: Run, since_ms: float, until_ms: float, members: tuple[int, ...] = (0, 1, 2)) -> float:
+    """Combined rate over [since, until) in units of the quota: the slope of a line fitted to the
+    cumulative bytes, the measure the integration runs use (quota_runs.slope), which does not hang
+    on where Kafka's 3 s sawtooth puts the span's two ends."""
+    total = 0
+    points = []
+    for at, size, n in sorted(run.delivered):
+        if since_ms <= at < until_ms and n in members:
+            total += size
+            points.append((at / 1000, float(total)))
+    return slope(points) / QUOTA
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.05])
+def test_three_members_hold_three_greedy_producers_to_one_quota(drop: float) -> None:
+    rates = sorted(fitted_rate(replay_fleet(seed, drop=drop), 10_000, 30_000) for seed in range(20))
+    assert rates[0] >= 0.95 and rates[-1] <= 1.05, f"{rates[0]:.3f}..{rates[-1]:.3f}"
+
+
+def test_without_the_fleet_three_members_give_three_times_the_quota() -> None:
+    rates = sorted(fitted_rate(replay_fleet(seed, fleet=False), 10_000, 30_000) for seed in range(5))
+    assert rates[0] >= 2.8 and rates[-1] <= 3.2, f"{rates[0]:.3f}..{rates[-1]:.3f}"
+
+
+def test_a_dead_members_usage_ages_out_over_one_window_and_the_others_hold_the_quota() -> None:
+    window_ms, die_at = 3000, 15_000
+    for seed in range(10):
+        run = replay_fleet(seed, die=(2, die_at), until_ms=45_000)
+        # the survivors: held to the quota once the dead member's usage has aged out
+        after = fitted_rate(run, die_at + DEFAULT_STALE_AFTER_MS + window_ms + 4000, 45_000, (0, 1))
+        assert 0.95 <= after <= 1.05, f"seed {seed}: {after:.3f}x after the death"
+        # what member 0 counts for the dead member: full for stale_after_ms after its last update
+        # (at most one full sync before the death), then a straight fall to 0 over one window
+        seen = [(at, rate) for at, rate in run.dead_rate if at >= die_at]
+        at_death = seen[0][1]
+        assert at_death > 0.1 * QUOTA
+        for (at, rate), (later_at, later) in itertools.pairwise(seen):
+            assert later <= rate  # never rises
+            slope_bound = at_death * (later_at - at + 2) / window_ms
+            assert rate - later <= slope_bound, f"seed {seed}: a step at {at}"
+            if later_at < die_at + DEFAULT_STALE_AFTER_MS - FULL_SYNC_MS:
+                assert later == at_death, f"seed {seed}: fell early, at {later_at}"
+        assert seen[-1][1] == 0.0
+        gone = next(at for at, rate in seen if rate == 0.0)
+        assert gone <= die_at + DEFAULT_STALE_AFTER_MS + window_ms + 2 * SYNC_MS
