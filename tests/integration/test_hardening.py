@@ -120,9 +120,12 @@ def test_a_silent_connection_is_closed_after_the_setup_timeout(limited_proxy: Qu
 
 
 def test_an_idle_connection_is_closed_and_a_busy_one_is_not(limited_proxy: QuotaProxy) -> None:
-    with connect(limited_proxy.port) as idle, connect(limited_proxy.port) as busy:
+    with (connect(limited_proxy.port) as idle, connect(limited_proxy.port) as busy,
+          connect(limited_proxy.port) as stalled):
         api_versions(idle)
         api_versions(busy)
+        api_versions(stalled)
+        stalled.sendall(struct.pack(">i", 1000) + b"\x00\x12\x00")  # then stops mid-request
         started = time.monotonic()
         correlation_id = 1
         # the busy connection asks something every second, for longer than the idle limit (4 s)
@@ -131,6 +134,7 @@ def test_an_idle_connection_is_closed_and_a_busy_one_is_not(limited_proxy: Quota
             api_versions(busy, correlation_id)
             time.sleep(1.0)
         assert closed_by_peer(idle, timeout=5), "an idle connection outlived connections_max_idle_ms"
+        assert closed_by_peer(stalled, timeout=5), "a connection stalled mid-request stayed open"
         api_versions(busy, correlation_id + 1)  # still open
     log = limited_proxy.wait_for_log("(connections_max_idle_ms = 4000)")
     assert re.search(r"closed: idle for [45] s \(connections_max_idle_ms = 4000\)", log)
