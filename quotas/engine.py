@@ -181,8 +181,8 @@ class QuotaEngine:
 
         `on_urgent` is called from the hot path (at most once per quota type between two
         `local_usage` calls) when a bucket's own rate rose by more than URGENT_CHANGE_RATIO of its
-        bound since it was last listed: the exchange should then send a delta report at once (no
-        sooner than URGENT_MIN_INTERVAL_MS after the previous urgent one). It must not do I/O.
+        bound since it was last listed: the exchange should then send `urgent_usage` at once (no
+        sooner than URGENT_MIN_INTERVAL_MS after the previous urgent report). It must not do I/O.
         """
         self.fleet = peers
         for quota_type, manager in self.managers.items():
@@ -195,6 +195,13 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
+        return usage
+
+    def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
+        """What an urgent report sends: the buckets whose rise asked for it (see attach_fleet)."""
+        usage: list[UsageEntry] = []
+        for manager in self.managers.values():
+            usage += manager.urgent_usage(now_ms)
         return usage
 
     def take_new_producer_ids(self) -> list[tuple[str, int]]:

@@ -81,6 +81,9 @@ _COMPACT_MIN = 4096
 #: How much earlier than the throttle's end a held connection may try again (see remaining_throttle_ms).
 HOLD_HEAD_START_MS = 1
 
+#: `urgent_above` of a bucket already waiting for its urgent report.
+_NEVER = float("inf")
+
 #: `seen_ms` of a dormant bucket: its next charge always moves it back among the recent ones.
 _DORMANT_SEEN_MS = -(2**62)
 
@@ -204,6 +207,8 @@ class ClientQuotaManager:
         self._listed_ms = 0
         self._on_urgent: Callable[[], None] | None = None
         self._urgent_asked = False
+        #: buckets that rose by URGENT_CHANGE_RATIO of their bound since they were last listed
+        self._urgent_keys: set[BucketKey] = set()
 
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
@@ -334,8 +339,11 @@ class ClientQuotaManager:
         if peers is not None:
             # Kafka's formula on the fleet's usage: this bucket's own rate plus its peers'
             self._charged.add(key)
-            if observed > bucket.urgent_above and not self._urgent_asked:
-                self._ask_urgent()
+            if observed > bucket.urgent_above:
+                self._urgent_keys.add(key)
+                bucket.urgent_above = _NEVER  # listed soon: that resets it
+                if not self._urgent_asked:
+                    self._ask_urgent()
             reports = peers.reports.get(key)
             if reports is not None and now_ms <= reports.fresh_until_ms:
                 observed += reports.total  # every peer's report is fresh: their plain sum
@@ -363,6 +371,7 @@ class ClientQuotaManager:
         self._on_urgent = on_urgent if peers is not None else None
         self._charged = set()
         self._throttled = {}
+        self._urgent_keys = set()
 
     def _ask_urgent(self) -> None:
         self._urgent_asked = True
@@ -376,10 +385,7 @@ class ClientQuotaManager:
         (a paused client's rate decays, and peers must see it fall or they under-admit), whose rate
         moved by more than DELTA_CHANGE_OF_BOUND of their bound since they were last listed.
         """
-        buckets = self.buckets
-        quota = self.quota_type
-        out: list[UsageEntry] = []
-        keys: set[BucketKey] | dict[BucketKey, Bucket] = buckets
+        keys: set[BucketKey] | dict[BucketKey, Bucket] = self.buckets
         if changed_only:
             keys = self._charged
             throttled = self._throttled
@@ -388,18 +394,38 @@ class ClientQuotaManager:
                 keys.update(key for key, until in throttled.items() if until >= since)
                 self._throttled = {key: until for key, until in throttled.items() if until > now_ms}
             self._listed_ms = now_ms
+        out = self._list(keys, now_ms, changed_only)
+        self._charged = set()
+        self._urgent_keys = set()
+        self._urgent_asked = False
+        return out
+
+    def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
+        """The buckets that asked for an urgent report since they were last listed (see
+        QuotaEngine.attach_fleet): an urgent report sends only these, so it stays small."""
+        out = self._list(self._urgent_keys, now_ms, False)
+        self._urgent_keys = set()
+        self._urgent_asked = False
+        return out
+
+    def _list(self, keys: set[BucketKey] | dict[BucketKey, Bucket], now_ms: int,
+              changed_only: bool) -> list[UsageEntry]:
+        """Measure `keys`' buckets and list them (remembered as what peers know), with
+        `changed_only` those that moved by more than DELTA_CHANGE_OF_BOUND of their bound."""
+        buckets = self.buckets
+        quota = self.quota_type
+        out: list[UsageEntry] = []
         for key in keys:
             bucket = buckets.get(key)
             if bucket is None:
                 continue
             rate = bucket.rate.measure(now_ms)
             if changed_only and abs(rate - bucket.reported) <= DELTA_CHANGE_OF_BOUND * bucket.bound:
+                bucket.urgent_above = bucket.reported + URGENT_CHANGE_RATIO * bucket.bound
                 continue
             bucket.reported = rate
             bucket.urgent_above = rate + URGENT_CHANGE_RATIO * bucket.bound
             out.append(UsageEntry(quota, key.user, key.client_id, rate))
-        self._charged = set()
-        self._urgent_asked = False
         return out
 
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:

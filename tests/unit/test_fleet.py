@@ -484,18 +484,24 @@ def test_local_usage_lists_every_live_bucket_or_what_moved_among_those_charged_o
 def test_an_urgent_report_is_asked_for_once_when_a_bucket_rose_by_a_twentieth_of_its_bound() -> None:
     calls: list[int] = []
     engine = QuotaEngine(EngineConfig(window=WindowConfig(3, 1000)))
-    engine.set_quotas({CLIENT: {P: 1000.0}})
+    engine.set_quotas({CLIENT: {P: 1000.0}, QuotaEntity(None, "d"): {P: 1000.0}})
     engine.attach_fleet(PeerUsage(3000), on_urgent=lambda: calls.append(1))
     engine.charge("u", "c", 0, produce_bytes=100)  # 50 B/s over the padded 2 s: exactly 5 %
+    engine.charge("u", "d", 0, produce_bytes=30)  # 15 B/s: more than 1 % of its bound
     assert calls == []
     engine.charge("u", "c", 0, produce_bytes=2)
     engine.charge("u", "c", 0, produce_bytes=200)
     assert calls == [1]
-    engine.local_usage(0, changed_only=True)  # reported: the next rise asks again
-    engine.charge("u", "c", 0, produce_bytes=98)
+    # an urgent report sends only the buckets that asked, "d" waits for the next sync
+    assert engine.urgent_usage(0) == [UsageEntry(P, "", "c", 151.0)]
+    assert engine.urgent_usage(0) == []
+    engine.charge("u", "c", 0, produce_bytes=98)  # 200 B/s: 49 over what was listed
     assert calls == [1]
     engine.charge("u", "c", 0, produce_bytes=4)
     assert calls == [1, 1]
+    assert sorted(e.client_id for e in engine.local_usage(0, changed_only=True)) == ["c", "d"]
+    engine.charge("u", "c", 0, produce_bytes=101)
+    assert calls == [1, 1, 1]  # listed by the delta sync: asks again past 5 % more
 
 
 def test_producer_ids_are_counted_once_across_the_fleet() -> None:
@@ -609,7 +615,8 @@ def replay_fleet(seed: int, *, fleet: bool = True, drop: float = 0.0, until_ms: 
                 heapq.heappush(events, (at, 1, n, -1, b""))
         elif kind == 1:  # member n reports: count >= 0 the periodic sync, -1 an urgent one
             full = count >= 0 and count % (FULL_SYNC_MS // SYNC_MS) == 0
-            due = member.tracker.due(engine.local_usage(t, changed_only=not full), full)
+            usage = engine.urgent_usage(t) if count < 0 else engine.local_usage(t, changed_only=not full)
+            due = member.tracker.due(usage, full)
             datagrams = encode_usage(FLEET, member.sender, member.seq, EPOCH + t, full, due,
                                      engine.take_new_producer_ids(), SECRET)
             member.seq += len(datagrams)
