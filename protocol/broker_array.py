@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import MalformedBody, MalformedHeader
+from .errors import MalformedBody, MalformedHeader, ProtocolError
 from .headers import read_uvarint
 
 #: Metadata: v1 adds each broker's rack (and the controller id), v3 puts throttle_time_ms first,
@@ -194,5 +194,7 @@ def _uvarint_bytes(value: int) -> bytes:
 def encode_address(host: str, port: int, flexible: bool) -> bytes:
     """A (host, port) pair as it stands in a broker entry: what replaces frame[address_start:address_end]."""
     raw = host.encode("utf-8")
+    if not -(2**31) <= port < 2**31 or (not flexible and len(raw) > 32767):
+        raise ProtocolError(f"address {host}:{port} cannot be written in a broker entry")
     prefix = _uvarint_bytes(len(raw) + 1) if flexible else len(raw).to_bytes(2, "big")
     return prefix + raw + port.to_bytes(4, "big", signed=True)

@@ -212,8 +212,7 @@ class ClientSession(asyncio.Protocol):
         if self.upstream is None:  # still connecting to the broker: that has its own timeout
             self._setup_timer = asyncio.get_running_loop().call_later(timeout / 1000.0, self._setup_expired)
             return
-        what = ("finish its SASL exchange" if self.conn.authenticated_mechanism is None
-                and self.conn.in_flight else "send a complete request")
+        what = "finish its SASL exchange" if self.conn.sasl_in_progress else "send a complete request"
         self.close(f"did not {what} within {timeout} ms of connecting (connection_setup_timeout_ms)",
                    kind="setup_timeout")
 
