@@ -1,46 +1,60 @@
-"""One proxied connection as a sans-I/O state machine.
+"""One proxied connection as a sans-I/O state machine: the driver the I/O layer talks to.
 
 The I/O layer feeds it bytes from the client and from the broker and carries out the actions it
 returns (forward bytes, answer the client, close with a reason, note broker addresses). Nothing
 here touches a socket or a clock, so whole exchanges are tested with byte strings.
 
-Ordering: a Kafka connection answers requests in the order they were sent. Responses the proxy
-makes itself (an ApiVersions refusal) wait in the same queue as forwarded requests, so they
-reach the client in order; Produce with acks=0 gets no response and takes no place in the queue.
+This module keeps what ties the concerns together: framing, the order of requests and responses
+(`in_flight`), muting and the requests waiting behind a mute or a quota admin answer, and
+streaming large Fetch responses. Each other concern is a small module it calls, in the spirit of
+Kroxylicious' one filter per concern: `actions` (what it asks of the I/O layer), `charging`
+(quotas), `sasl_tracking` (who the client is), `responses` (address and ApiVersions rewrites).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Callable
+from typing import Literal
 
-from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
-
-from .addresses import Address, Advertise, needs_rewrite, rewrite_addresses
-from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions, unsupported_version_response
+from .actions import (
+    Action,
+    Authenticated,
+    BrokersSeen,
+    Close,
+    Mute,
+    QuotaAdmin,
+    Throttled,
+    ToBroker,
+    ToClient,
+)
+from .addresses import Advertise, needs_rewrite
+from .api_versions import unsupported_version_response
 from .apis import KNOWN_APIS, ApiKey, api_name
-from .client_quotas import QUOTA_ADMIN_APIS, QuotaAdminRequest, decode_quota_admin_request
-from .errors import MalformedBody, ProtocolError, UnsupportedVersion
+from .charging import (
+    REQUEST_QUOTA_EXEMPT,
+    QuotaPolicy,
+    charge_fetch,
+    charge_produce,
+    charge_response,
+    prepare_fetch,
+)
+from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
+from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
+from .errors import ProtocolError, UnsupportedVersion
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
     REQUEST_API_BYTES,
-    RequestHeader,
     check_request_api,
     parse_request_header,
-    response_body_offset,
     response_correlation_id,
 )
-from .sasl import ANONYMOUS, RAW_SASL_MECHANISMS, SaslExchange
-from .skim import decode_strict, produce_acks, produce_producer_ids
-from .throttling import (
-    cap_fetch_bytes,
-    empty_fetch_response,
-    fetch_max_wait_ms,
-    read_throttle,
-    set_throttle,
-)
+from .in_flight import InFlight, take_local_responses
+from .in_flight import size_prefix as _size
+from .responses import rewrite_response
+from .sasl import ANONYMOUS, SaslExchange
+from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
+from .skim import produce_acks
 
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
 DECODED_APIS = frozenset({
@@ -53,144 +67,11 @@ DECODED_APIS = frozenset({
 #: whole, when nothing in them must change (no address to rewrite, not over a quota).
 STREAM_MIN_BYTES = 64 * 1024
 
-#: APIs a broker never charges to the request quota: the client cannot avoid them before it is
-#: authenticated (KIP-124 exempts them), and a proxy must not hold back authentication.
-REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
-
-#: The only requests a broker takes while a SASL exchange is in progress (Kafka's
-#: SaslServerAuthenticator closes the connection on any other): another request means the client
-#: saw the exchange succeed.
-SASL_SETUP_APIS = REQUEST_QUOTA_EXEMPT
-
-
-class QuotaVerdict(Protocol):
-    @property
-    def throttle_ms(self) -> int: ...
-
-
-class QuotaPolicy(Protocol):
-    """What the connection asks the quota engine (`quotas.engine.QuotaEngine` implements it)."""
-
-    def hold_ms(self, user: str, client_id: str, api_key: int, now_ms: int) -> int: ...
-
-    def wants_producer_ids(self, user: str) -> bool: ...
-
-    def fetch_max_bytes(self, user: str, client_id: str) -> int | None: ...
-
-    def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
-               fetch_bytes: int = 0, request_time_ms: float | None = None,
-               producer_ids: Sequence[int] = ()) -> QuotaVerdict: ...
-
 
 ThrottleMode = Literal["mute", "delay"]
 
 #: Called once per answered request: (api key, request bytes, response bytes, latency ms).
 ExchangeObserver = Callable[[int, int, int, float], None]
-
-
-@dataclass(slots=True)
-class ToBroker:
-    """Write these chunks to the broker (`writelines`), `delay_ms` from now.
-
-    A delay holds requests whose quota bucket is throttled; writes keep their order.
-    """
-
-    chunks: list[bytes]
-    delay_ms: int = 0
-
-
-@dataclass(slots=True)
-class ToClient:
-    """Write these chunks to the client (`writelines`), `delay_ms` from now (throttle_mode "delay").
-
-    Writes keep their order: a later ToClient never overtakes a delayed one.
-    """
-
-    chunks: list[bytes]
-    delay_ms: int = 0
-
-
-@dataclass(slots=True)
-class Mute:
-    """Stop reading from the client for `ms` (KIP-219: the client waits out its throttle)."""
-
-    ms: int
-
-
-@dataclass(slots=True)
-class Close:
-    """Close both sides; `reason` names what was wrong, for the log."""
-
-    reason: str
-
-
-@dataclass(slots=True)
-class BrokersSeen:
-    """Real broker addresses learned from a response, by node id."""
-
-    addresses: dict[int, Address]
-
-
-@dataclass(slots=True)
-class Authenticated:
-    """The broker accepted a SASL exchange; `principal` is now the connection's user."""
-
-    principal: str
-    mechanism: str
-
-
-@dataclass(slots=True)
-class Throttled:
-    """A quota throttled this request (for logs and metrics)."""
-
-    api_key: int
-    throttle_ms: int
-
-
-@dataclass(slots=True)
-class QuotaAdmin:
-    """A DescribeClientQuotas / AlterClientQuotas request the proxy answers itself.
-
-    The I/O layer checks `principal`, consults or changes the quota store, and hands the
-    response frame back with `ProxyConnection.answer_quota_admin`. Until then later requests on
-    this connection wait, as they would behind a request a broker is still processing.
-    """
-
-    correlation_id: int
-    api_key: int
-    api_version: int
-    request: QuotaAdminRequest
-    principal: str
-
-
-Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled | QuotaAdmin
-
-
-@dataclass(slots=True)
-class InFlight:
-    """A request awaiting its response, or a response the proxy made, waiting for its turn."""
-
-    correlation_id: int
-    api_key: int
-    api_version: int
-    client_id: str | None
-    local_response: bytes | None = None
-    #: when the request went upstream (the caller's clock, ms)
-    sent_ms: float = 0.0
-    #: a Fetch's long-poll allowance, not charged as request time
-    max_wait_ms: int = 0
-    request_bytes: int = 0
-    #: throttle already decided when the request arrived (Produce bytes, producer ids)
-    throttle_ms: int = 0
-    #: a Fetch response already charged when its first bytes arrived (it was over quota, so it
-    #: is buffered to be emptied instead of streamed): its throttle
-    precharged_ms: int | None = None
-    #: a quota admin request the I/O layer is still answering
-    awaiting_answer: bool = False
-
-
-def _size(n: int) -> bytes:
-    return n.to_bytes(4, "big")
 
 
 class ProxyConnection:
@@ -208,9 +89,7 @@ class ProxyConnection:
         self._requests = FrameSplitter(max_request_bytes, "request")
         self._responses = FrameSplitter(MAX_RESPONSE_BYTES, "response")
         self._in_flight: deque[InFlight] = deque()
-        self._sasl: SaslExchange | None = None
-        #: SaslHandshake v0: tokens travel as bare frames until this exchange completes
-        self._raw_sasl: SaslExchange | None = None
+        self._sasl = SaslTracking()
         self._closed: str | None = None
         #: bytes of the response being streamed that are still to come, and its request
         self._passthrough = 0
@@ -228,12 +107,6 @@ class ProxyConnection:
         self._muted_until = 0.0
         #: a whole request frame has been read from the client
         self._request_seen = False
-        #: the connection's first SASL exchange has started and not yet been accepted; and
-        #: whether one ever was (a re-authentication, KIP-368, does not undo `established`)
-        self._sasl_in_progress = False
-        self._sasl_settled = False
-        #: a SaslHandshake v0 awaits its answer: the client's next frame may be a raw token
-        self._raw_sasl_possible = False
         #: the incomplete head request frame's api key and version have been checked
         self._head_checked = False
 
@@ -256,7 +129,7 @@ class ProxyConnection:
         ends when the broker accepts it, or (for GSSAPI, whose end the proxy cannot see) when the
         client sends a request a broker takes only after authentication succeeded.
         """
-        return self._request_seen and not self._sasl_in_progress
+        return self._request_seen and not self._sasl.in_progress
 
     @property
     def request_memory_need(self) -> int:
@@ -283,7 +156,7 @@ class ProxyConnection:
     @property
     def sasl_in_progress(self) -> bool:
         """The connection's first SASL exchange has started and the broker has not accepted it."""
-        return self._sasl_in_progress
+        return self._sasl.in_progress
 
     def receive_from_client(self, data: bytes, now_ms: float = 0.0) -> list[Action]:
         """Bytes from the client, at `now_ms` on the caller's monotonic clock."""
@@ -316,7 +189,7 @@ class ProxyConnection:
 
         Skipped for raw SASL tokens (SaslHandshake v0), which have no header.
         """
-        if self._raw_sasl is not None or self._raw_sasl_possible:
+        if self._sasl.raw is not None or self._sasl.raw_possible:
             return
         partial = self._requests.partial()
         if partial is None or partial[1] < REQUEST_API_BYTES:
@@ -364,7 +237,7 @@ class ProxyConnection:
         entry.awaiting_answer = False
         actions: list[Action] = []
         if not self._passthrough:
-            local = self._take_local_responses()
+            local = take_local_responses(self._in_flight)
             if local:
                 actions.append(ToClient(local))
         if self.observer is not None:
@@ -397,7 +270,7 @@ class ProxyConnection:
 
     def _maybe_stream(self, actions: list[Action]) -> None:
         """Start passing a large Fetch response through before it is complete, when allowed."""
-        if self._raw_sasl is not None or not self._in_flight:
+        if self._sasl.raw is not None or not self._in_flight:
             return
         entry = self._in_flight[0]
         if (entry.api_key != ApiKey.FETCH or entry.precharged_ms is not None
@@ -417,7 +290,7 @@ class ProxyConnection:
         if self.policy is not None:
             # Charged on its first bytes: its size is in the prefix, and time to first byte is
             # the better measure of what it cost the broker.
-            throttle = self._charge_fetch(entry, 4 + size - 5)
+            throttle = charge_fetch(self.policy, self.principal, entry, 4 + size - 5, self._now_ms)
             if throttle > 0:
                 entry.precharged_ms = throttle  # over quota: buffer it whole and empty it
                 return
@@ -434,25 +307,9 @@ class ProxyConnection:
         if entry is not None and self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, self._streaming_size,
                           self._now_ms - entry.sent_ms)
-        local = self._take_local_responses()
+        local = take_local_responses(self._in_flight)
         if local:
             actions.append(ToClient(local))
-
-    def _take_local_responses(self) -> list[bytes]:
-        """The proxy's own responses now at the head of the queue, framed, in order."""
-        local: list[bytes] = []
-        while self._in_flight and self._in_flight[0].local_response is not None:
-            response = self._in_flight.popleft().local_response
-            assert response is not None
-            local += (_size(len(response)), response)
-        return local
-
-    def _charge_fetch(self, entry: InFlight, fetch_bytes: int) -> int:
-        assert self.policy is not None
-        request_time = max(self._now_ms - entry.sent_ms - entry.max_wait_ms, 0.0)
-        verdict = self.policy.charge(self.principal, entry.client_id or "", int(self._now_ms),
-                                     fetch_bytes=fetch_bytes, request_time_ms=request_time)
-        return verdict.throttle_ms
 
     # -- client -> broker ---------------------------------------------------------------------
 
@@ -463,9 +320,10 @@ class ProxyConnection:
     def _client_frames(self, frames: list[bytes]) -> list[Action]:
         upstream: list[bytes] = []
         actions: list[Action] = []
+        sasl = self._sasl
         for index, frame in enumerate(frames):
-            if self._raw_sasl is not None:
-                self._raw_sasl.client_token(frame)
+            if sasl.raw is not None:
+                sasl.raw.client_token(frame)
                 upstream += (_size(len(frame)), frame)
                 continue
             if self._now_ms < self._muted_until:
@@ -476,8 +334,8 @@ class ProxyConnection:
             header = parse_request_header(frame)
             if header.client_id is not None:
                 self.client_id = header.client_id
-            if self._sasl_in_progress and header.api_key not in SASL_SETUP_APIS:
-                self._sasl_settled, self._sasl_in_progress = True, False
+            if sasl.in_progress and header.api_key not in SASL_SETUP_APIS:
+                sasl.settle()
             spec = KNOWN_APIS.get(header.api_key)
             entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id)
             if spec is not None and header.api_version > spec.max_version:
@@ -517,52 +375,24 @@ class ProxyConnection:
             if header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
                 if self.policy is not None:
-                    self._produce_request(entry, frame, header, actions)
+                    throttle = charge_produce(self.policy, self.principal, frame, header, self._now_ms)
+                    if throttle > 0:
+                        # Charged on arrival (see charge_produce): mute at once, report it later.
+                        entry.throttle_ms = throttle
+                        actions.append(Throttled(ApiKey.PRODUCE, throttle))
+                        self._mute(throttle, actions)
             elif header.api_key == ApiKey.FETCH and self.policy is not None:
-                entry.max_wait_ms = max(fetch_max_wait_ms(frame, header), 0)
-                cap = self.policy.fetch_max_bytes(self.principal, header.client_id or "")
-                if cap is not None:
-                    frame = cap_fetch_bytes(frame, header, cap)
+                frame = prepare_fetch(self.policy, self.principal, entry, frame, header)
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
-                self._sasl = SaslExchange(self._decode_request(frame, header).mechanism)
-                self._sasl_in_progress = not self._sasl_settled
-                self._raw_sasl_possible = header.api_version == 0
+                sasl.handshake_request(frame, header)
             elif header.api_key == ApiKey.SASL_AUTHENTICATE:
-                if self._sasl is None:
-                    raise MalformedBody("SaslAuthenticate without a SaslHandshake first")
-                self._sasl.client_token(bytes(self._decode_request(frame, header).auth_bytes))
+                sasl.authenticate_request(frame, header)
             if expects_response:
                 self._in_flight.append(entry)
             upstream += (_size(len(frame)), frame)
         if upstream:
             actions.append(ToBroker(upstream))
         return actions
-
-    def _produce_request(self, entry: InFlight, frame: bytes, header: RequestHeader,
-                         actions: list[Action]) -> None:
-        """Charge a Produce's bytes and new producer ids as it arrives, and mute at once if over.
-
-        A broker charges them when the response is ready, but it reads one request per connection
-        at a time; the proxy forwards pipelined requests, so it charges on arrival to stop a
-        pipelining producer as early as a broker would. The throttle goes into the response.
-        """
-        assert self.policy is not None
-        producer_ids: Sequence[int] = ()
-        if self.policy.wants_producer_ids(self.principal):
-            producer_ids = produce_producer_ids(frame, header)
-        verdict = self.policy.charge(self.principal, header.client_id or "", int(self._now_ms),
-                                     produce_bytes=len(frame), producer_ids=producer_ids)
-        if verdict.throttle_ms > 0:
-            entry.throttle_ms = verdict.throttle_ms
-            actions.append(Throttled(ApiKey.PRODUCE, verdict.throttle_ms))
-            self._mute(verdict.throttle_ms, actions)
-
-    def _decode_request(self, frame: bytes, header: RequestHeader) -> Any:
-        cls = {ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest,
-               ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest}[ApiKey(header.api_key)]
-        # Strict: a null mechanism or token (length -1) is refused as a broker refuses it.
-        return decode_strict(cls, frame, header.body_offset, header.api_version,
-                             f"{api_name(header.api_key)} v{header.api_version} request")
 
     def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
         if self._in_flight or self._passthrough:  # behind requests, or behind a response mid-stream
@@ -576,11 +406,12 @@ class ProxyConnection:
     def _broker_frames(self, frames: list[bytes]) -> list[Action]:
         downstream: list[bytes] = []
         actions: list[Action] = []
+        sasl = self._sasl
         for frame in frames:
-            if self._raw_sasl is not None:
-                if self._raw_sasl.server_token(frame):
-                    actions.append(self._authenticated(self._raw_sasl))
-                    self._raw_sasl = None
+            if sasl.raw is not None:
+                accepted = sasl.raw_server_token(frame)
+                if accepted is not None:
+                    actions.append(self._authenticated(accepted))
                 downstream += (_size(len(frame)), frame)
                 continue
             correlation_id = response_correlation_id(frame)
@@ -592,17 +423,26 @@ class ProxyConnection:
                     f"response correlation id {correlation_id} does not match the oldest request "
                     f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
                 )
-            frame = self._on_response(entry, frame, actions)
+            key = entry.api_key
+            if key == ApiKey.SASL_HANDSHAKE:
+                sasl.handshake_response(frame, entry.api_version)
+            elif key == ApiKey.SASL_AUTHENTICATE:
+                accepted = sasl.authenticate_response(frame, entry.api_version)
+                if accepted is not None:
+                    actions.append(self._authenticated(accepted))
+            else:
+                frame = rewrite_response(entry, frame, self._advertise, actions)
             throttle_ms = mute_ms = 0
             if self.policy is not None:
-                frame, throttle_ms, mute_ms = self._charge_response(entry, frame)
+                frame, throttle_ms, mute_ms = charge_response(self.policy, self.principal, entry, frame,
+                                                              self._now_ms)
             if self.observer is not None:  # what the client gets: a throttled Fetch goes out empty
                 self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             if throttle_ms > 0:
                 if mute_ms > 0:
                     actions.append(Throttled(entry.api_key, mute_ms))
                 # The proxy's own responses queued behind this one go with it, in order.
-                held = [_size(len(frame)), frame, *self._take_local_responses()]
+                held = [_size(len(frame)), frame, *take_local_responses(self._in_flight)]
                 if self.throttle_mode == "delay":
                     # Hold this response (and, to keep order, all after it) for the throttle.
                     if downstream:
@@ -616,92 +456,15 @@ class ProxyConnection:
                     self._mute(mute_ms, actions)
                 continue
             downstream += (_size(len(frame)), frame)
-            downstream += self._take_local_responses()
+            downstream += take_local_responses(self._in_flight)
         if downstream:
             actions.append(ToClient(downstream))
         return actions
 
-    def _charge_response(self, entry: InFlight, frame: bytes) -> tuple[bytes, int, int]:
-        """Charge a response to the quotas.
-
-        Returns the frame to send, the throttle it reports (including one decided when the
-        request arrived) and how long to mute from now (0 when the request's mute covers it).
-        """
-        assert self.policy is not None
-        spec = KNOWN_APIS.get(entry.api_key)
-        if spec is None:
-            return frame, 0, 0
-        body_offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
-        if entry.precharged_ms is not None:
-            throttle = entry.precharged_ms
-            combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
-            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle, throttle
-        request_time: float | None = None
-        if entry.api_key not in REQUEST_QUOTA_EXEMPT:
-            request_time = max(self._now_ms - entry.sent_ms, 0.0)
-            if entry.api_key == ApiKey.FETCH:
-                # A fetch may wait up to max_wait_ms for data; waiting costs a broker no thread time.
-                request_time = max(request_time - entry.max_wait_ms, 0.0)
-        fetch_bytes = 4 + len(frame) - body_offset if entry.api_key == ApiKey.FETCH else 0
-        verdict = self.policy.charge(self.principal, entry.client_id or "", int(self._now_ms),
-                                     fetch_bytes=fetch_bytes, request_time_ms=request_time)
-        mute = verdict.throttle_ms if verdict.throttle_ms > entry.throttle_ms else 0
-        throttle = max(verdict.throttle_ms, entry.throttle_ms)
-        if throttle <= 0:
-            return frame, 0, 0
-        combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
-        if entry.api_key == ApiKey.FETCH:
-            return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle, mute
-        return set_throttle(entry.api_key, entry.api_version, frame, body_offset, combined), throttle, mute
-
-    def _on_response(self, entry: InFlight, frame: bytes, actions: list[Action]) -> bytes:
-        spec = KNOWN_APIS.get(entry.api_key)
-        if spec is None:
-            return frame
-        key, version = entry.api_key, entry.api_version
-        header_version = spec.response_header_version(version)
-        if needs_rewrite(key, version):
-            result = rewrite_addresses(key, version, frame, header_version, self._advertise)
-            if result.discovered:
-                actions.append(BrokersSeen(result.discovered))
-            return result.frame
-        if key == ApiKey.API_VERSIONS:
-            start = response_body_offset(frame, 0)
-            error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
-            if error_code == UNSUPPORTED_VERSION:
-                # The broker refuses the client's version with a v0 body and its range (KIP-511).
-                body, _ = clamp_api_versions(frame[start:], 0)
-                return frame[:start] + body
-            if error_code != 0:
-                return frame  # any other error is in the request's version, with no ranges to clamp
-            body, _ = clamp_api_versions(frame[start:], version)
-            return frame[:start] + body
-        if key == ApiKey.SASL_HANDSHAKE:
-            self._raw_sasl_possible = False
-            start = response_body_offset(frame, header_version)
-            error_code = int.from_bytes(frame[start : start + 2], "big", signed=True)
-            if error_code == 0 and version == 0 and self._sasl is not None:
-                if self._sasl.mechanism not in RAW_SASL_MECHANISMS:
-                    # Raw tokens have no framing of their own: without knowing where the exchange
-                    # ends, the proxy could no longer tell tokens from Kafka requests.
-                    raise UnsupportedVersion(
-                        f"SaslHandshake v0 with mechanism {self._sasl.mechanism}: the proxy cannot tell "
-                        "where its raw tokens end (clients since Kafka 1.0 use v1, which works)")
-                self._raw_sasl = self._sasl
-        elif key == ApiKey.SASL_AUTHENTICATE and self._sasl is not None:
-            start = response_body_offset(frame, header_version)
-            answer = decode_strict(SaslAuthenticateResponse, frame, start, version,
-                                   f"SaslAuthenticate v{version} response")
-            if answer.error_code != 0:
-                self._sasl = None  # the broker closes the connection after a failed exchange
-            elif self._sasl.server_token(bytes(answer.auth_bytes)):
-                actions.append(self._authenticated(self._sasl))
-        return frame
-
     def _authenticated(self, exchange: SaslExchange) -> Authenticated:
         """The broker accepted the exchange: only now does the claimed name count."""
         self.authenticated_mechanism = exchange.mechanism
-        self._sasl_settled, self._sasl_in_progress = True, False
+        self._sasl.settle()
         if exchange.candidate is not None:
             self.principal = exchange.candidate
         return Authenticated(self.principal, exchange.mechanism)
