@@ -9,8 +9,12 @@ import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
+
+if TYPE_CHECKING:
+    from .fleet import FleetSettings
 
 
 class SettingsError(ValueError):
@@ -94,6 +98,10 @@ class ProxySettings:
     connection_buffer_bytes: int = 256 * 1024
     #: Live quota buckets per quota type; past it, new entities share one overflow bucket.
     max_quota_buckets: int = 50_000
+    #: The `[fleet]` table (config/fleet.py): one quota over several proxies; None: a lone proxy.
+    fleet: FleetSettings | None = None
+    #: Bind the client listeners with SO_REUSEPORT, so `kthrottle run --workers N` processes share them.
+    reuse_port: bool = False
 
     @property
     def node_base(self) -> int:
@@ -117,6 +125,8 @@ class ProxySettings:
             raise SettingsError(
                 f"proxy.max_connections_per_ip = {self.max_connections_per_ip} is above "
                 f"proxy.max_connections = {self.max_connections}")
+        if self.fleet is not None:
+            self.fleet.check(self)
 
     def node_port(self, node_id: int) -> int:
         """The deterministic proxy port for a broker node id."""
@@ -185,5 +195,9 @@ def load_settings(path: Path | None) -> ProxySettings:
             setattr(settings, key, value)
         else:
             raise SettingsError(f"unknown setting proxy.{key} in {path}")
+    if "fleet" in data:
+        from .fleet import parse_fleet_table
+
+        settings.fleet = parse_fleet_table(data["fleet"], path)
     settings.check()
     return settings

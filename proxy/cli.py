@@ -43,6 +43,9 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
         settings.metrics_port = args.metrics_port
     if args.node_port_base is not None:
         settings.node_port_base = args.node_port_base
+    from .workers import configure_worker
+
+    configure_worker(settings)  # a worker of `run --workers N`: shared listeners, a fleet of siblings
     return settings
 
 
@@ -137,6 +140,11 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     server = ProxyServer(settings)
     store = await _open_quota_store(settings, server)
     server.quota_admin.store = store
+    fleet = None
+    if settings.fleet is not None:  # before the listeners: clients meet a proxy that knows its peers
+        from .fleet import start_fleet
+
+        fleet = await start_fleet(settings, server)
     endpoint = None
     if settings.metrics_port:
         from .http_endpoint import HttpEndpoint
@@ -180,6 +188,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         await asyncio.get_running_loop().run_in_executor(None, demo_producer.stop)
     if endpoint is not None:
         await endpoint.close()
+    if fleet is not None:
+        await fleet.close()
     await server.close()
     summary.flush(force=True)
 
@@ -217,6 +227,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings.upstream = parse_address_list(cluster.bootstrap, "embedded cluster")
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
         _tune_malloc()
+        if args.workers != 1:
+            from .workers import supervise
+
+            return supervise(args, settings)
         try:
             uvloop.run(serve(settings, note, demo=args.demo))
         except SettingsError as exc:
@@ -247,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="broker node N is served on this port + N (default: listen port + 1)")
     run.add_argument("--demo", action="store_true",
                      help="also run a demo producer (client.id=demo) through the proxy")
+    run.add_argument("--workers", type=int, default=1,
+                     help="processes sharing the listeners, enforcing one quota as a fleet (default 1)")
     run.set_defaults(func=cmd_run)
 
     local = sub.add_parser("local-kafka", help="run a real local Kafka cluster in the foreground")

@@ -86,8 +86,15 @@ class QuotaCollector(Collector):
             "kthrottle_throttles", "Responses throttled by each quota", labels=labels)
         rates = {quota_type: GaugeMetricFamily(name, text, labels=labels)
                  for quota_type, (name, text) in _RATE_FAMILIES.items()}
+        fleet = self.engine.fleet  # in a fleet: the rate decided on (this bucket's + its peers') beside it
+        fleet_rates = {} if fleet is None else {
+            quota_type: GaugeMetricFamily(name.replace("kthrottle_", "kthrottle_fleet_", 1),
+                                          f"{text}, over the whole fleet (this member's + its peers')",
+                                          labels=labels)
+            for quota_type, (name, text) in _RATE_FAMILIES.items()}
         for quota_type, manager in self.engine.managers.items():
             folded: dict[str, float] = {}
+            view = None if fleet is None else fleet.view(quota_type)
             # Buckets that come or go while the slices are read wait for the next scrape.
             items = list(manager.buckets.items())
             for start in range(0, len(items), SNAPSHOT_SLICE):
@@ -97,15 +104,19 @@ class QuotaCollector(Collector):
                 for index in range(start, min(start + SNAPSHOT_SLICE, len(items))):
                     key, bucket = items[index]
                     rate = bucket.rate.measure(now)
+                    fleet_rate = rate if view is None else rate + view.rate(key, now)
                     avg, peak = _throttle_avg_max(bucket, now)
                     if index >= self.max_entities:
                         folded["rate"] = folded.get("rate", 0.0) + rate
+                        folded["fleet"] = folded.get("fleet", 0.0) + fleet_rate
                         folded["max"] = max(folded.get("max", 0.0), peak / 1000.0)
                         folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
                         folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
                         continue
                     values = [quota_type.value, key.user, key.client_id]
                     rates[quota_type].add_metric(values, rate)
+                    if view is not None:
+                        fleet_rates[quota_type].add_metric(values, fleet_rate)
                     if bucket.applies:
                         limit.add_metric(values, bucket.bound)
                     throttle_avg.add_metric(values, avg / 1000.0)
@@ -115,6 +126,8 @@ class QuotaCollector(Collector):
             if folded:
                 values = [quota_type.value, OTHER, OTHER]
                 rates[quota_type].add_metric(values, folded["rate"])
+                if view is not None:
+                    fleet_rates[quota_type].add_metric(values, folded["fleet"])
                 throttle_max.add_metric(values, folded["max"])
                 throttle_total.add_metric(values, folded["total"])
                 throttles.add_metric(values, folded["count"])
@@ -134,8 +147,8 @@ class QuotaCollector(Collector):
             overflow.add_metric([quota_type.value], manager.overflow_charges)
             dropped.add_metric([quota_type.value, "expired"], manager.expired_buckets)
             dropped.add_metric([quota_type.value, "evicted"], manager.evicted_buckets)
-        self._families = [*rates.values(), limit, throttle_avg, throttle_max, throttle_total, throttles,
-                          buckets, overflow, dropped]
+        self._families = [*rates.values(), *fleet_rates.values(), limit, throttle_avg, throttle_max,
+                          throttle_total, throttles, buckets, overflow, dropped]
 
 
 class ProxyMetrics:

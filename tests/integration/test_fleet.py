@@ -1,0 +1,623 @@
+"""One quota across a fleet of proxies (issue 11), against the real cluster, with real processes.
+
+Every proxy here is a real `kthrottle run` process with a `[fleet]` table; the clients are real
+librdkafka producers and consumers, each bootstrapped to a different proxy, at full speed. Faults
+come from outside: kill -9 of a member, a lossy UDP relay between the members
+(tests/integration/udp_relay.py), forged and replayed datagrams sent at a member's UDP port.
+
+The proxies use `quota_window_num = 3` (3 samples of 1 s), like the other rate-accuracy runs
+(test_quota_accuracy.py says why: with 11 samples a greedy client's sawtooth has a period of ~11 s
+and a 20 s measurement swings by +-15 % around the right average). That also makes the fleet's
+ageing short: a silent member's usage counts fully for 3 s (3 full syncs) and fades out over one
+quota window (3 s) after that. The quota (1 MB/s over the fleet) is small enough that neither the
+clients nor the proxies are short of CPU on a 2-core machine: what is measured is the algorithm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.local_kafka import LocalKafka
+from quotas.fleet import UsageEntry, encode_usage
+from quotas.types import QuotaType
+
+from .clients import wait_until
+from .conftest import QUOTA_SETTINGS
+from .proxies import RunningProxy, free_port_block
+from .quota_runs import RunResult, report, slope
+from .test_quotas import _end_offsets, _fill, _topic
+from .udp_relay import UdpRelay
+from .zookeeper import running_zookeeper
+
+QUOTA = 1_000_000  # bytes per second over the whole fleet
+RUN_S = 30.0
+FLEET = "fleet-test"
+PRODUCER = "fleet-producer"
+CONSUMER = "fleet-consumer"
+VALUE_BYTES = 10_000
+PRODUCE_LABELS = {"quota": "producer_byte_rate", "user": "", "client_id": PRODUCER}
+FETCH_LABELS = {"quota": "consumer_byte_rate", "user": "", "client_id": CONSUMER}
+FLEET_PRODUCE_RATE = "kthrottle_fleet_produce_byte_rate_bytes_per_second"
+LOCAL_PRODUCE_RATE = "kthrottle_produce_byte_rate_bytes_per_second"
+#: How long a dead member's usage still counts: 3 full syncs at full weight, then one quota window
+#: (3 samples of 1 s) fading to nothing.
+DEAD_MEMBER_FADES_S = 3.0 + 3.0
+
+
+# -- members ------------------------------------------------------------------------------------------
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics on `port`, keyed by (name, sorted labels)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    samples = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+class Member(RunningProxy):
+    """`kthrottle run` with a `[fleet]` table (or `--workers N`), a quota file and metrics."""
+
+    def __init__(self, upstream: str, workdir: Path, quotas: str, *, udp_port: int | None = None,
+                 peers: list[str] | None = None, fleet: str = "", workers: int = 1) -> None:
+        self.workers = workers
+        self.metrics_port = free_port_block(workers, start=40000)
+        self.udp_port = udp_port
+        config = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
+        text = f"[proxy]\n{QUOTA_SETTINGS}\n\n"
+        if udp_port is not None:
+            secret = workdir / "fleet.secret"
+            if not secret.exists():
+                secret.write_text(os.urandom(32).hex() + "\n")
+            self.secret = secret.read_bytes().strip()
+            peer_list = ", ".join(f'"{peer}"' for peer in peers or [])
+            text += (f'[fleet]\nname = "{FLEET}"\nlisten = "127.0.0.1:{udp_port}"\n'
+                     f'secret_file = "{secret}"\n{fleet or f"peers = [{peer_list}]"}\n\n')
+        config.write_text(text + quotas + "\n")
+        args = ["--config", str(config), "--metrics-port", str(self.metrics_port)]
+        if workers > 1:
+            args += ["--workers", str(workers)]
+        super().__init__(upstream, extra_args=args)
+        if workers > 1:
+            wait_until(lambda: self.log().count("bootstrap.servers=") >= workers, 30, "every worker ready")
+
+    def metrics(self, worker: int = 0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return scrape(self.metrics_port + worker)
+
+    def metric(self, name: str, worker: int = 0, **labels: str) -> float:
+        return self.metrics(worker).get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def metric_when_up(self, name: str, worker: int = 0, **labels: str) -> float | None:
+        """`metric`, or None while the metrics port does not answer (a worker restarting)."""
+        try:
+            return self.metric(name, worker, **labels)
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def rejected(self) -> dict[str, float]:
+        samples = self.metrics()
+        return {dict(labels)["reason"]: value for (name, labels), value in samples.items()
+                if name == "kthrottle_fleet_datagrams_rejected_total"}
+
+    def kill(self) -> None:
+        """kill -9 (the whole process group: a supervisor and its workers)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def quota_text(**values: int) -> str:
+    lines = []
+    for key, value in values.items():
+        client = PRODUCER if key == "producer_byte_rate" else CONSUMER
+        lines.append(f'[[quota]]\nclient_id = "{client}"\n{key} = {value}\n')
+    return "\n".join(lines)
+
+
+def static_fleet(stack: ExitStack, cluster: LocalKafka, workdir: Path, quotas: str, count: int = 3,
+                 relay: tuple[float, float] | None = None, spare: int = 0) -> tuple[list[Member], list[int],
+                                                                                     UdpRelay | None]:
+    """`count` members with static peers (plus `spare` addresses listed for members started later),
+    each listing the others directly, or their front ports on a relay dropping and reordering."""
+    ports = [free_udp_port() for _ in range(count + spare)]
+    relayed = None
+    if relay is not None:
+        relayed = stack.enter_context(UdpRelay([("127.0.0.1", p) for p in ports], *relay))
+        addresses = [relayed.front(i) for i in range(len(ports))]
+    else:
+        addresses = [("127.0.0.1", p) for p in ports]
+    (workdir / "fleet.secret").write_text(os.urandom(32).hex() + "\n")
+
+    def start(index: int) -> Member:
+        peers = [f"{h}:{p}" for i, (h, p) in enumerate(addresses) if i != index]
+        return Member(cluster.bootstrap, workdir, quotas, udp_port=ports[index], peers=peers)
+
+    with ThreadPoolExecutor(count) as pool:
+        members = list(pool.map(start, range(count)))
+    for member in members:
+        stack.callback(member.stop)
+    return members, ports, relayed
+
+
+# -- clients ------------------------------------------------------------------------------------------
+
+
+class GreedyProducer:
+    """A librdkafka producer at full speed on its own thread until stopped; deliveries are timed."""
+
+    def __init__(self, bootstrap: str, topic: str, started: float, client_id: str = PRODUCER) -> None:
+        self.result = RunResult(started)
+        self.topic = topic
+        self._producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
+                                   "acks": 1, "queue.buffering.max.kbytes": 4096})
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _delivered(self, err: KafkaError | None, _msg: object) -> None:
+        with self._lock:
+            if err is not None:
+                self.result.errors.append(str(err))
+            else:
+                self.result.events.append((time.monotonic(), VALUE_BYTES))
+                self.result.records += 1
+
+    def _run(self) -> None:
+        value = b"x" * VALUE_BYTES
+        sent = 0
+        while not self._stop.is_set():
+            try:
+                self._producer.produce(self.topic, value, str(sent % 97).encode(),
+                                       on_delivery=self._delivered)
+                sent += 1
+            except BufferError:
+                self._producer.poll(0.05)
+                continue
+            self._producer.poll(0)
+        self.sent = sent
+
+    def stop(self, abandon: bool = False) -> None:
+        """Stop producing and wait for what is in flight (`abandon`: its proxy is dead, drop it)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(30)
+        if abandon:
+            self._producer.purge()
+            self._producer.flush(5)
+            return
+        left = self._producer.flush(120)
+        assert left == 0 and self.result.records == self.sent, (
+            f"{self.sent} sent, {self.result.records} acknowledged: {self.result.errors[:3]}")
+
+
+def combined(started: float, producers: list[GreedyProducer]) -> RunResult:
+    """All producers' deliveries as one run."""
+    together = RunResult(started)
+    together.events = sorted(event for producer in producers for event in producer.result.events)
+    return together
+
+
+class RateSampler:
+    """Every second, each member's fleet rate and local rate of one entity, from its metrics."""
+
+    def __init__(self, members: list[tuple[Member, int]], started: float, fleet_name: str, local_name: str,
+                 labels: dict[str, str]) -> None:
+        self.samples: list[tuple[float, int, float, float]] = []  # (time, member, fleet, local)
+        self._members = members
+        self._started = started
+        self._names = (fleet_name, local_name)
+        self._labels = tuple(sorted(labels.items()))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for index, (member, worker) in enumerate(self._members):
+                try:
+                    samples = member.metrics(worker)
+                except (OSError, urllib.error.URLError):
+                    continue  # killed
+                fleet = samples.get((self._names[0], self._labels))
+                local = samples.get((self._names[1], self._labels))
+                if fleet is not None and local is not None:
+                    self.samples.append((time.monotonic() - self._started, index, fleet, local))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def mean(self, index: int, start_s: float, end_s: float) -> tuple[float, float]:
+        """Mean fleet and local rate member `index` showed between `start_s` and `end_s`."""
+        picked = [(f, loc) for t, i, f, loc in self.samples if i == index and start_s <= t <= end_s]
+        assert len(picked) >= (end_s - start_s) / 2, f"member {index}: {len(picked)} metric samples"
+        return sum(f for f, _ in picked) / len(picked), sum(loc for _, loc in picked) / len(picked)
+
+
+def assert_fleet_rate_shown(sampler: RateSampler, count: int, measured: float, what: str) -> None:
+    """Each member's metrics show the fleet's rate: the sum of every member's own rate, ~ the rate
+    the clients got together.
+
+    These are Kafka's windowed rates of request bytes, read every second: a greedy client's sits at
+    its bound or above it (it is throttled as soon as it passes it and waits until it is back), so
+    their average is above what the clients got by up to ~15 % (records' payload, over 20 s).
+    """
+    means = [sampler.mean(index, RUN_S - 20, RUN_S) for index in range(count)]
+    together = sum(local for _, local in means)
+    for index, (fleet, local) in enumerate(means):
+        report(f"{what}: member {index} showed a fleet rate of {fleet:,.0f} B/s ({fleet / together:.3f}x the "
+               f"members' own rates summed, {fleet / measured:.3f}x what the clients got), its own "
+               f"{local:,.0f} B/s")
+        assert 0.9 * together <= fleet <= 1.1 * together, f"member {index}: fleet rate {fleet:,.0f} B/s"
+        assert 0 < local < 0.8 * fleet, f"member {index}: own rate {local:,.0f} of {fleet:,.0f} B/s"
+    assert 0.95 * measured <= together <= 1.25 * measured, f"members' own rates {means}"
+
+
+# -- forged datagrams -----------------------------------------------------------------------------------
+
+
+def inject(udp_port: int, genuine: list[bytes], secret: bytes) -> dict[str, int]:
+    """Datagrams a member must refuse, sent at its UDP port; returns how many of each reason.
+
+    Each one, if applied, would claim a rate of 1 GB/s for the producers' client id and so stop them:
+    the rate run around it shows none was.
+    """
+    flood = [UsageEntry(QuotaType.PRODUCE, "", PRODUCER, 1e9)]
+    now = int(time.time() * 1000)
+    sender = int.from_bytes(os.urandom(8), "big")
+    real = genuine[-1]
+    datagrams: list[tuple[str, bytes]] = []
+    for seq in range(5):  # signed with another secret
+        datagrams += [("bad_mac", d) for d in encode_usage(FLEET, sender, seq + 1, now, True, flood, [],
+                                                          os.urandom(32))]
+    datagrams.append(("bad_mac", real[:-1] + bytes([real[-1] ^ 1])))  # one bit of a real MAC flipped
+    datagrams.append(("bad_mac", real[:-10]))  # truncated, still long enough to hold a MAC
+    datagrams.append(("malformed", real[:30]))  # truncated below the smallest datagram
+    datagrams.append(("malformed", b""))
+    datagrams.append(("malformed", bytes([9]) + real[1:]))  # unknown version
+    # signed with the fleet's secret but lying about its length: 65,535 entries in a short datagram
+    body = bytes([1, 0, len(FLEET)]) + FLEET.encode() + (sender + 1).to_bytes(8, "big") + \
+        (1).to_bytes(8, "big") + now.to_bytes(8, "big") + bytes([0]) + b"\xff\xff"
+    datagrams.append(("malformed", body + hmac.new(secret, body, hashlib.sha256).digest()))
+    datagrams += [("stale", d) for d in encode_usage(FLEET, sender + 2, 1, now - 60_000, True, flood, [],
+                                                     secret)]
+    datagrams += [("other_fleet", d) for d in encode_usage("another-fleet", sender + 3, 1, now, True, flood,
+                                                           [], secret)]
+    datagrams += [("replayed", d) for d in genuine[-5:]]  # real datagrams the member already applied
+    expected: dict[str, int] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for reason, datagram in datagrams:
+            sock.sendto(datagram, ("127.0.0.1", udp_port))
+            expected[reason] = expected.get(reason, 0) + 1
+    return expected
+
+
+# -- the tests ---------------------------------------------------------------------------------------------
+
+
+def test_three_proxies_hold_three_producers_to_one_quota(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """Three producers with one client id, each through its own proxy, share one quota; forged,
+    truncated, replayed, stale and foreign datagrams sent at a member mid-run change nothing.
+
+    The members exchange through a relay that passes everything (and keeps datagrams to replay)."""
+    with ExitStack() as stack:
+        members, ports, relay = static_fleet(stack, kafka_cluster, tmp_path,
+                                             quota_text(producer_byte_rate=QUOTA), relay=(0.0, 0.0))
+        assert relay is not None
+        for member in members:
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 3, 10, "3 members")
+        topic = _topic(members[0].bootstrap, "fleet-p")
+        started = time.monotonic()
+        sampler = RateSampler([(m, 0) for m in members], started, FLEET_PRODUCE_RATE, LOCAL_PRODUCE_RATE,
+                              PRODUCE_LABELS)
+        producers = [GreedyProducer(m.bootstrap, topic, started) for m in members]
+        for producer in producers:
+            stack.callback(producer.stop, True)  # a failed assertion must not leave them running
+        time.sleep(15)
+        before = members[0].rejected()
+        expected = inject(ports[0], relay.recent(0), members[0].secret)
+        deadline = time.monotonic() + 10
+        while not all(members[0].rejected()[r] - before[r] >= n for r, n in expected.items()):
+            assert time.monotonic() < deadline, (
+                f"rejections {members[0].rejected()} (before {before}), expected {expected} more:\n"
+                f"{members[0].log()[-3000:]}")
+            time.sleep(0.2)
+        time.sleep(max(0.0, started + RUN_S - time.monotonic()))
+        for producer in producers:
+            producer.stop()
+        sampler.stop()
+        after = members[0].rejected()
+        rate = combined(started, producers).rate(RUN_S - 20, RUN_S)
+        shares = [p.result.rate(RUN_S - 20, RUN_S) for p in producers]
+        report(f"fleet of 3, 3 librdkafka producers: quota {QUOTA:,} B/s, combined {rate:,.0f} B/s over the "
+               f"last 20 s ({rate / QUOTA:.3f}x; shares {', '.join(f'{s / QUOTA:.2f}' for s in shares)})")
+        assert {reason: after[reason] - before[reason] for reason in after} == {
+            reason: expected.get(reason, 0) for reason in after}, "rejections by reason"
+        assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert_fleet_rate_shown(sampler, 3, rate, "fleet of 3 producers")
+        assert _end_offsets(members[0].bootstrap, topic) == sum(p.result.records for p in producers)
+        for member in members:
+            assert member.metric("kthrottle_throttles_total", **PRODUCE_LABELS) > 0
+            assert member.metric("kthrottle_quota_limit", **PRODUCE_LABELS) == QUOTA
+        assert all(m.alive() for m in members)
+
+
+def test_the_same_through_a_lossy_relay(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """5 % of the datagrams between members dropped and 5 % reordered: 0.85-1.10x."""
+    with ExitStack() as stack:
+        members, _ports, relay = static_fleet(stack, kafka_cluster, tmp_path,
+                                              quota_text(producer_byte_rate=QUOTA), relay=(0.05, 0.05))
+        assert relay is not None
+        topic = _topic(members[0].bootstrap, "fleet-lossy")
+        started = time.monotonic()
+        producers = [GreedyProducer(m.bootstrap, topic, started) for m in members]
+        for producer in producers:
+            stack.callback(producer.stop, True)  # a failed assertion must not leave them running
+        time.sleep(RUN_S)
+        for producer in producers:
+            producer.stop()
+        rate = combined(started, producers).rate(RUN_S - 20, RUN_S)
+        counts = relay.counts
+        total = counts.forwarded + counts.dropped
+        rejected = [member.rejected() for member in members]
+        late = sum(r["replayed"] for r in rejected)
+        report(f"fleet of 3 through a relay dropping {counts.dropped / total:.1%} and reordering "
+               f"{counts.reordered / total:.1%} of {total} datagrams ({late:.0f} overtaken by a newer one "
+               f"from the same member, dropped as replayed): combined {rate:,.0f} B/s over the last 20 s "
+               f"({rate / QUOTA:.3f}x)")
+        assert counts.dropped > 0 and counts.reordered > 0
+        assert 0.85 * QUOTA <= rate <= 1.10 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert all(r["bad_mac"] == r["malformed"] == r["stale"] == r["other_fleet"] == 0 for r in rejected)
+
+
+def test_consumers_of_one_group_over_three_proxies(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """Three consumers of one group, one client id, each through its own proxy: one consumer quota
+    for the three, every record consumed exactly once across rebalances."""
+    quota = 1_200_000
+    with ExitStack() as stack:
+        members, _ports, _relay = static_fleet(stack, kafka_cluster, tmp_path,
+                                               quota_text(consumer_byte_rate=quota))
+        topic = _topic(kafka_cluster.bootstrap, "fleet-c")
+        total = _fill(kafka_cluster.bootstrap, topic, 45, **{"batch.size": 16_384})  # 45 MB: > 30 s at quota
+        started = time.monotonic()
+        consumers = [GroupConsumer(m.bootstrap, topic, started) for m in members]
+        time.sleep(RUN_S)
+        for consumer in consumers:
+            consumer.stop()
+        for consumer in consumers:
+            assert not consumer.errors, consumer.errors[:3]
+            assert consumer.records, "a consumer got no partitions"
+        received = summed_rate([c.received for c in consumers], RUN_S - 20, RUN_S, started)
+        report(f"fleet of 3, 3 librdkafka consumers of one group: quota {quota:,} B/s, received "
+               f"{received:,.0f} B/s over the last 20 s ({received / quota:.3f}x)")
+        assert 0.9 * quota <= received <= 1.05 * quota, f"{received:,.0f} B/s against {quota:,}"
+        seen: dict[int, list[int]] = {}
+        for consumer in consumers:
+            for partition, offset in consumer.records:
+                seen.setdefault(partition, []).append(offset)
+        consumed = sum(len(offsets) for offsets in seen.values())
+        assert consumed < total
+        for partition, offsets in seen.items():
+            assert sorted(offsets) == list(range(len(offsets))), f"partition {partition}: gaps or repeats"
+        for member in members:
+            assert member.metric("kthrottle_throttles_total", **FETCH_LABELS) > 0
+            fleet = member.metric("kthrottle_fleet_fetch_byte_rate_bytes_per_second", **FETCH_LABELS)
+            local = member.metric("kthrottle_fetch_byte_rate_bytes_per_second", **FETCH_LABELS)
+            assert fleet > local > 0
+
+
+def test_a_member_killed_and_one_joining_mid_run(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """kill -9 one of three: the other two hold the combined rate once its usage has faded out;
+    a fourth starts mid-run with its own producer: no burst above 1.10x."""
+    with ExitStack() as stack:
+        quotas = quota_text(producer_byte_rate=QUOTA)
+        members, ports, _relay = static_fleet(stack, kafka_cluster, tmp_path, quotas, spare=1)
+        topic = _topic(members[0].bootstrap, "fleet-kill")
+        started = time.monotonic()
+        producers = [GreedyProducer(m.bootstrap, topic, started) for m in members]
+        for producer in producers:
+            stack.callback(producer.stop, True)  # a failed assertion must not leave them running
+        time.sleep(10)
+        killed_at = time.monotonic() - started
+        members[2].kill()
+        producers[2].stop(abandon=True)
+        faded = killed_at + DEAD_MEMBER_FADES_S
+        time.sleep(max(0.0, started + faded + 10 - time.monotonic()))
+        peers = [f"127.0.0.1:{p}" for p in ports[:3]]
+        fourth = Member(kafka_cluster.bootstrap, tmp_path, quotas, udp_port=ports[3], peers=peers)
+        stack.callback(fourth.stop)
+        joined_at = time.monotonic() - started
+        producers.append(GreedyProducer(fourth.bootstrap, topic, started))
+        stack.callback(producers[-1].stop, True)
+        time.sleep(11)
+        for producer in (producers[0], producers[1], producers[3]):
+            producer.stop()
+        everyone = combined(started, producers)
+        after_kill = everyone.rate(killed_at + 3, killed_at + 13)
+        held = everyone.rate(faded, faded + 10)
+        after_join = everyone.rate(joined_at, joined_at + 10)
+        report(f"kill -9 of 1 of 3 members at {killed_at:.0f} s: {after_kill / QUOTA:.3f}x over the 10 s "
+               f"after one window, {held / QUOTA:.3f}x once its usage faded ({DEAD_MEMBER_FADES_S:.0f} s); "
+               f"a 4th member and producer joining at {joined_at:.0f} s: {after_join / QUOTA:.3f}x over 10 s")
+        assert 0.9 * QUOTA <= held <= 1.05 * QUOTA, f"{held:,.0f} B/s held by the two left"
+        assert after_join <= 1.10 * QUOTA, f"{after_join:,.0f} B/s after the 4th joined"
+        assert producers[3].result.records > 0, "the 4th member's producer got nothing through"
+        assert fourth.metric("kthrottle_fleet_members") == 3  # itself and the two alive
+        assert fourth.metric("kthrottle_throttles_total", **PRODUCE_LABELS) > 0
+
+
+def test_workers_share_one_producer_quota(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """`kthrottle run --workers 2`: one producer's connections land on both workers (SO_REUSEPORT),
+    which hold it to one quota; a worker killed with -9 is restarted."""
+    member = Member(kafka_cluster.bootstrap, tmp_path, quota_text(producer_byte_rate=QUOTA), workers=2)
+    with member, ExitStack() as cleanup:
+        for worker in (0, 1):
+            wait_until(lambda w=worker: member.metric("kthrottle_fleet_members", w) == 2, 10, "2 workers")
+        topic = _topic(member.bootstrap, "fleet-workers")
+        for _attempt in range(8):  # the kernel picks a worker per connection: retry until both have one
+            started = time.monotonic()
+            producer = GreedyProducer(member.bootstrap, topic, started)
+            cleanup.callback(producer.stop, True)
+            time.sleep(3)
+            local = [member.metric(LOCAL_PRODUCE_RATE, w, **PRODUCE_LABELS) for w in (0, 1)]
+            if all(local):
+                break
+            producer.stop(abandon=True)
+        else:
+            raise AssertionError("the producer's connections never landed on both workers")
+        sampler = RateSampler([(member, 0), (member, 1)], started, FLEET_PRODUCE_RATE, LOCAL_PRODUCE_RATE,
+                              PRODUCE_LABELS)
+        time.sleep(max(0.0, started + RUN_S - time.monotonic()))
+        producer.stop()
+        sampler.stop()
+        rate = producer.result.rate(RUN_S - 20, RUN_S)
+        report(f"--workers 2, one librdkafka producer over both: quota {QUOTA:,} B/s, measured "
+               f"{rate:,.0f} B/s over the last 20 s ({rate / QUOTA:.3f}x)")
+        assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert_fleet_rate_shown(sampler, 2, rate, "--workers 2")
+        pids = dict(re.findall(r"worker (\d) started \(pid (\d+)\)", member.log()))
+        os.kill(int(pids["1"]), signal.SIGKILL)
+        member.wait_for_log("worker 1 restarted", 10)
+        assert re.search(r"worker 1 \(pid \d+\) was killed by signal 9 after [0-9.]+ s; restarting it in",
+                         member.log())
+        wait_until(lambda: member.metric_when_up("kthrottle_fleet_members", 1) == 2, 15,
+                   "the restarted worker back")
+        assert member.alive()
+
+
+def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """Members found in ZooKeeper; ZooKeeper stopped mid-run: the two go on exchanging and hold the
+    quota; started again: a third member registers and both others send to it."""
+    chroot = f"/fleet-{uuid.uuid4().hex[:8]}"
+    quotas = quota_text(producer_byte_rate=QUOTA)
+    with running_zookeeper() as zookeeper, ExitStack() as stack:
+        (tmp_path / "fleet.secret").write_text(os.urandom(32).hex())
+        zk = (f'membership = "zookeeper"\nzookeeper = "{zookeeper.connect_string}"\n'
+              f'zookeeper_chroot = "{chroot}"')
+
+        def start() -> Member:
+            member = Member(kafka_cluster.bootstrap, tmp_path, quotas, udp_port=free_udp_port(), fleet=zk)
+            stack.callback(member.stop)
+            return member
+
+        members = [start(), start()]
+        for member in members:
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 2, 10, "2 members")
+        topic = _topic(members[0].bootstrap, "fleet-zk")
+        started = time.monotonic()
+        producers = [GreedyProducer(m.bootstrap, topic, started) for m in members]
+        for producer in producers:
+            stack.callback(producer.stop, True)  # a failed assertion must not leave them running
+        time.sleep(6)
+        zookeeper.stop()
+        stopped_at = time.monotonic() - started
+        received = members[0].metric("kthrottle_fleet_datagrams_received_total")
+        time.sleep(12)
+        assert members[0].metric("kthrottle_fleet_datagrams_received_total") >= received + 10
+        for member in members:
+            assert member.metric("kthrottle_fleet_members") == 2
+            assert member.metric("kthrottle_fleet_peer_addresses") == 1
+        zookeeper.start()
+        members.append(start())
+        for member in members:
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_peer_addresses") == 2, 15, "3 in ZooKeeper")
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 3, 10, "3 members")
+        for producer in producers:
+            producer.stop()
+        rate = combined(started, producers).rate(stopped_at + 2, stopped_at + 12)
+        report(f"ZooKeeper membership, ZooKeeper down for 12 s: 2 producers held at {rate / QUOTA:.3f}x the "
+               "quota meanwhile")
+        assert 0.85 * QUOTA <= rate <= 1.10 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert "fleet membership: ZooKeeper at" in members[0].log()
+
+
+# -- consumers ------------------------------------------------------------------------------------------
+
+
+class GroupConsumer:
+    """A consumer of one group on its own thread: offsets seen, and bytes received over time.
+
+    Offsets are committed synchronously whenever partitions are taken away, so a rebalance hands
+    a partition over exactly where this consumer stopped (every record once across the group).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, started: float) -> None:
+        self.records: list[tuple[int, int]] = []
+        self.errors: list[str] = []
+        self.received: list[tuple[float, int]] = []
+        self.started = started
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"{topic}-group", "client.id": CONSUMER,
+            "auto.offset.reset": "earliest", "statistics.interval.ms": 100, "stats_cb": self._stats,
+            "max.partition.fetch.bytes": 65_536})
+        self._consumer.subscribe([topic], on_revoke=self._revoked)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _stats(self, text: str) -> None:
+        brokers = json.loads(text).get("brokers", {}).values()
+        self.received.append((time.monotonic(), sum(int(b.get("rxbytes", 0)) for b in brokers)))
+
+    @staticmethod
+    def _revoked(consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+        with contextlib.suppress(KafkaException):  # nothing consumed yet: nothing to commit
+            consumer.commit(asynchronous=False)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.consume(500, timeout=0.2):
+                if message.error():
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(message.error()))
+                    continue
+                self.records.append((message.partition(), message.offset()))
+        self._consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def summed_rate(series: list[list[tuple[float, int]]], start_s: float, end_s: float, started: float) -> float:
+    """The slope of the consumers' bytes received together, each interpolated on one 0.1 s grid."""
+    def at(points: list[tuple[float, int]], t: float) -> float:
+        before = [(pt, b) for pt, b in points if pt <= t]
+        after = [(pt, b) for pt, b in points if pt > t]
+        if not before:
+            return float(after[0][1]) if after else 0.0
+        if not after:
+            return float(before[-1][1])
+        (t0, b0), (t1, b1) = before[-1], after[0]
+        return b0 + (b1 - b0) * (t - t0) / (t1 - t0)
+
+    grid = [started + start_s + i * 0.1 for i in range(int((end_s - start_s) * 10) + 1)]
+    return slope([(t, sum(at(points, t) for points in series)) for t in grid])
+
