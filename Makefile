@@ -54,6 +54,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.throughput
 	$(PY) -m bench.hardening
 	$(PY) -m bench.metadata_load
+	$(PY) -m bench.fleet
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
