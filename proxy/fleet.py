@@ -41,6 +41,7 @@ from quotas.fleet import (
     URGENT_MIN_INTERVAL_MS,
     DatagramRejected,
     PeerUsage,
+    UsageEntry,
     UsageTracker,
     decode_usage,
     encode_usage,
@@ -61,6 +62,8 @@ SEND_BATCH = 64
 #: Entries encoded in one go (about 10 datagrams, ~2 ms): a full report of many entities goes out
 #: in slices, so the request path waits for one slice at most, not for the whole report.
 ENCODE_SLICE = 1024
+#: Buckets measured per slice of a full report (about 3.5 ms of the loop's time each).
+MEASURE_SLICE = 1000
 #: Socket buffers asked for (the kernel caps them at net.core.[rw]mem_max): a full sync of 10,000
 #: entities is about 200 datagrams per peer at once.
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -321,7 +324,18 @@ class FleetExchange:
         now_ms = int(time.monotonic() * 1000)
         full = kind == "full"
         engine = self.engine
-        usage = engine.urgent_usage(now_ms) if kind == "urgent" else engine.local_usage(now_ms, not full)
+        if full:
+            # Measured a slice at a time, the loop serving connections in between: every bucket in
+            # one go would hold the request path for ~35 ms per 10,000 buckets.
+            usage: list[UsageEntry] = []
+            for quota_type, keys in engine.full_listing():
+                for start in range(0, len(keys), MEASURE_SLICE):
+                    usage += engine.list_usage(quota_type, keys[start:start + MEASURE_SLICE],
+                                               int(time.monotonic() * 1000))
+                    if start + MEASURE_SLICE < len(keys):
+                        await asyncio.sleep(0)
+        else:
+            usage = engine.urgent_usage(now_ms) if kind == "urgent" else engine.local_usage(now_ms, True)
         entries = self.tracker.due(usage, full)
         pids = engine.take_new_producer_ids()
         if not full and not entries and not pids:

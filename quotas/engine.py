@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .entity import QuotaEntity
+from .entity import BucketKey, QuotaEntity
 from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
@@ -196,6 +196,16 @@ class QuotaEngine:
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
         return usage
+
+    def full_listing(self) -> list[tuple[QuotaType, list[BucketKey]]]:
+        """What a full report lists, per quota type, taken at once; the I/O layer measures it with
+        `list_usage` a slice at a time, serving connections in between (measuring 10,000
+        buckets in one go holds the event loop for tens of ms)."""
+        return [(quota_type, manager.begin_full_listing()) for quota_type, manager in self.managers.items()]
+
+    def list_usage(self, quota_type: QuotaType, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
+        """Measure and list a slice of `full_listing`'s buckets."""
+        return self.managers[quota_type].list_usage(keys, now_ms)
 
     def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
         """What an urgent report sends: the buckets whose rise asked for it (see attach_fleet)."""

@@ -30,7 +30,7 @@ Memory is bounded, however many client ids appear:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -400,6 +400,19 @@ class ClientQuotaManager:
         self._urgent_asked = False
         return out
 
+    def begin_full_listing(self) -> list[BucketKey]:
+        """The buckets a full report lists, taken at once (measure them with `list_usage`, in
+        slices if there are many). Marks are reset now, so a charge made while the slices are
+        measured is listed again by the next delta report."""
+        self._charged = set()
+        self._urgent_keys = set()
+        self._urgent_asked = False
+        return list(self.buckets)
+
+    def list_usage(self, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
+        """Measure and list these buckets (those gone since are skipped), for a full report."""
+        return self._list(keys, now_ms, False)
+
     def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
         """The buckets that asked for an urgent report since they were last listed (see
         QuotaEngine.attach_fleet): an urgent report sends only these, so it stays small."""
@@ -408,7 +421,7 @@ class ClientQuotaManager:
         self._urgent_asked = False
         return out
 
-    def _list(self, keys: set[BucketKey] | dict[BucketKey, Bucket], now_ms: int,
+    def _list(self, keys: Iterable[BucketKey], now_ms: int,
               changed_only: bool) -> list[UsageEntry]:
         """Measure `keys`' buckets and list them (remembered as what peers know), with
         `changed_only` those that moved by more than DELTA_CHANGE_OF_BOUND of their bound."""

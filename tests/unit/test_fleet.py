@@ -685,3 +685,29 @@ def test_a_dead_members_usage_ages_out_over_one_window_and_the_others_hold_the_q
         assert seen[-1][1] == 0.0
         gone = next(at for at, rate in seen if rate == 0.0)
         assert gone <= die_at + DEFAULT_STALE_AFTER_MS + window_ms + 2 * SYNC_MS
+
+
+def test_a_full_listing_measured_in_slices_lists_what_local_usage_lists() -> None:
+    """The I/O layer measures a full report a slice at a time; the slices together are the listing."""
+    from quotas.engine import QuotaEngine
+    from quotas.entity import QuotaEntity
+    from quotas.types import QuotaType as QT
+
+    def engine_with_traffic() -> QuotaEngine:
+        engine = QuotaEngine()
+        engine.set_quotas({QuotaEntity(None, "<default>"): {QT.PRODUCE: 1000.0, QT.FETCH: 1000.0}})
+        for n in range(2500):
+            engine.charge("u", f"c{n}", 1_000 + n, produce_bytes=100 + n, fetch_bytes=7)
+        return engine
+
+    def order(entries: list[UsageEntry]) -> list[tuple[str, str, str, float]]:
+        return sorted((e.quota.value, e.user, e.client_id, e.rate) for e in entries)
+
+    whole = order(engine_with_traffic().local_usage(5_000))
+    sliced_engine = engine_with_traffic()
+    sliced = []
+    for quota_type, keys in sliced_engine.full_listing():
+        for start in range(0, len(keys), 333):
+            sliced += sliced_engine.list_usage(quota_type, keys[start:start + 333], 5_000)
+    assert len(whole) == 5000
+    assert order(sliced) == whole
