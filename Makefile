@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 # Fetch Apache Kafka's jars from Maven Central once (cached in ~/.cache/kthrottle).
 kafka: $(STAMP)
-	$(PY) -c 'from proxy.local_kafka import ensure_kafka_jars; print(ensure_kafka_jars())'
+	$(PY) -c 'from harness.local_kafka import ensure_kafka_jars; print(ensure_kafka_jars())'
 
 # Fetch Spark's Kafka connector jars once (cached in ~/.cache/kthrottle/spark-<version>); spark_tests
 # fetch them on first use too.

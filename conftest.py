@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.local_kafka import LocalKafka
+from harness.local_kafka import LocalKafka
 
 
 @pytest.fixture(scope="session")

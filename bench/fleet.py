@@ -39,8 +39,8 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from config.fleet import FleetSettings
+from harness.local_kafka import KAFKA_VERSION, LocalKafka
 from proxy.fleet import ENCODE_SLICE, FleetExchange, FleetMetrics
-from proxy.local_kafka import KAFKA_VERSION, LocalKafka
 from proxy.membership import StaticMembership
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity

@@ -30,9 +30,9 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
 from config.settings import ProxySettings
+from harness.local_kafka import LocalKafka
 from protocol.frames import frame
 from protocol.headers import encode_request_header
-from proxy.local_kafka import LocalKafka
 from tests.integration.proxies import RunningProxy, free_port_block
 
 #: One read from a socket by uvloop (its read buffer), which the proxy may hold beside its queue.

@@ -36,11 +36,11 @@ from typing import Any
 from kafka import KafkaAdminClient
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+from harness.local_kafka import KAFKA_VERSION, LocalKafka
 from protocol.addresses import Address, rewrite_addresses
 from protocol.apis import ApiKey
 from protocol.frames import frame
 from protocol.headers import encode_request_header
-from proxy.local_kafka import KAFKA_VERSION, LocalKafka
 from tests.integration.proxies import RunningProxy
 
 from .throughput import BenchFailure, check_listeners

@@ -44,7 +44,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.local_kafka import KAFKA_VERSION, LocalKafka
+from harness.local_kafka import KAFKA_VERSION, LocalKafka
 from tests.integration.proxies import RunningProxy
 
 from . import cpu, latency, memory, relay_floor

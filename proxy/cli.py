@@ -219,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         note = None
         if not settings.upstream:
-            from .local_kafka import LocalKafka
+            from harness.local_kafka import LocalKafka
 
             print("kthrottle: no upstream configured; starting an embedded local Kafka cluster "
                   "(3 brokers, KRaft)...", flush=True)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the demo's client library: its own noise
     if args.command == "local-kafka":
-        from . import local_kafka
+        from harness import local_kafka
 
         forwarded = [f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else []) + rest
         return local_kafka.main(forwarded)

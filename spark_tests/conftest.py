@@ -18,7 +18,7 @@ except ImportError as exc:  # collection fails loudly, naming the fix
 
 from pyspark.sql import SparkSession
 
-from proxy.local_kafka import LocalKafka
+from harness.local_kafka import LocalKafka
 from tests.integration.proxies import QuotaProxy
 
 from .spark import start_spark

@@ -4,7 +4,7 @@ Why not `spark.jars.packages`: that resolves with Ivy at every session start and
 the tests must run from local files. pyspark ships Spark itself but not the connector, so Maven fetches
 `spark-sql-kafka-0-10_2.13` of pyspark's exact version plus the jars it needs beyond pyspark's own
 (kafka-clients, commons-pool2, spark-token-provider-kafka) through ``harness/spark/pom.xml``, into
-``~/.cache/kthrottle/spark-<version>/jars``. The fetch-once routine is ``proxy.maven.fetch_once``.
+``~/.cache/kthrottle/spark-<version>/jars``. The fetch-once routine is ``harness.maven.fetch_once``.
 
 Environment variables:
     KTHROTTLE_CACHE       cache root (default ``~/.cache/kthrottle``)
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from proxy.maven import cache_root, fetch_once
+from harness.maven import cache_root, fetch_once
 
 SPARK_VERSION = "4.2.0"
 """pyspark and connector version. 4.3.0 is on PyPI but its connector is not on Maven Central."""

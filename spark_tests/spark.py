@@ -16,7 +16,7 @@ from datetime import datetime
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from proxy.local_kafka import java_executable
+from harness.local_kafka import java_executable
 
 from .jars import SPARK_VERSION, ensure_spark_kafka_jars
 

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from proxy.local_kafka import LocalKafka
+from harness.local_kafka import LocalKafka
 from tests.integration.clients import wait_until
 from tests.integration.proxies import QuotaProxy
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.local_kafka import ClassArchive, LocalKafka, ensure_kafka_jars, java_executable, kafka_classpath
+from harness.local_kafka import ClassArchive, LocalKafka, ensure_kafka_jars, java_executable, kafka_classpath
 
 from .proxies import QuotaProxy, RunningProxy
 

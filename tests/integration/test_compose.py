@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.quotas import load_quota_file
 from config.settings import load_settings
-from proxy.local_kafka import LocalKafka
+from harness.local_kafka import LocalKafka
 from quotas.entity import QuotaEntity
 from quotas.types import QuotaType
 

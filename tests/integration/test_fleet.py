@@ -35,7 +35,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.local_kafka import LocalKafka
+from harness.local_kafka import LocalKafka
 from quotas.fleet import UsageEntry, encode_usage
 from quotas.types import QuotaType
 

@@ -32,9 +32,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Pro
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
+from harness.local_kafka import LocalKafka
 from protocol.frames import frame
 from protocol.headers import encode_request_header
-from proxy.local_kafka import LocalKafka
 
 from .clients import wait_for_topic_on_every_broker
 from .fuzz import ConnectionRecord, Fuzzer, FuzzReport, Target, advertised_versions, explain, topic_id

@@ -22,9 +22,9 @@ import pytest
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 
+from harness.local_kafka import LocalKafka
 from protocol.frames import frame
 from protocol.headers import encode_request_header
-from proxy.local_kafka import LocalKafka
 
 from .clients import PARTITIONS, read_all, topic_name, wait_until
 from .proxies import QuotaProxy, RunningProxy, free_port_block

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kafka import KafkaAdminClient
 
-from proxy.local_kafka import KAFKA_VERSION, SASL_USERS, LocalKafka, ensure_kafka_jars
+from harness.local_kafka import KAFKA_VERSION, SASL_USERS, LocalKafka, ensure_kafka_jars
 
 from .clients import wait_until
 from .conftest import (

@@ -16,9 +16,9 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+from harness.local_kafka import LocalKafka
 from protocol.frames import frame
 from protocol.headers import encode_request_header
-from proxy.local_kafka import LocalKafka
 
 from .clients import topic_name, wait_until
 from .proxies import RunningProxy

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from proxy.local_kafka import SASL_USERS
+from harness.local_kafka import SASL_USERS
 from tests.integration.conftest import JAVA_PRODUCER_PERF, KafkaJava
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, consume_for, produce_for, report

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from proxy.local_kafka import SASL_USERS, LocalKafka
+from harness.local_kafka import SASL_USERS, LocalKafka
 from proxy.quota_client import alter, describe
 
 from .clients import topic_name, wait_until

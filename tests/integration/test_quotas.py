@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.local_kafka import SASL_USERS
+from harness.local_kafka import SASL_USERS
 
 from .clients import PARTITIONS, acks0_produce_body, landed_on_partition_0, topic_name, wait_until
 from .proxies import QuotaProxy

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.local_kafka import SASL_USERS
+from harness.local_kafka import SASL_USERS
 
 from .clients import (
     aiokafka_round_trip,

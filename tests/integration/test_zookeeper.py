@@ -28,7 +28,7 @@ from config.zookeeper import (
     format_value,
     java_double,
 )
-from proxy.local_zookeeper import ZOOKEEPER_VERSION, LocalZooKeeper, four_letter_word
+from harness.local_zookeeper import ZOOKEEPER_VERSION, LocalZooKeeper, four_letter_word
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.types import QuotaType

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.local_kafka import LocalKafka
-from proxy.local_zookeeper import LocalZooKeeper
+from harness.local_kafka import LocalKafka
+from harness.local_zookeeper import LocalZooKeeper
 from proxy.quota_client import alter, describe
 
 from .clients import wait_until

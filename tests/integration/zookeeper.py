@@ -16,7 +16,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from proxy.local_zookeeper import LocalZooKeeper
+from harness.local_zookeeper import LocalZooKeeper
 from quotas.engine import QuotaTable
 
 

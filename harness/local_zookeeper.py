@@ -31,12 +31,12 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
-from proxy.local_kafka import _die_with_parent, _free_ports, _tail, java_executable
-from proxy.maven import cache_root, fetch_once
+from harness.local_kafka import _die_with_parent, _free_ports, _tail, java_executable
+from harness.maven import cache_root, fetch_once
 
 ZOOKEEPER_VERSION = "3.9.5"
 
-_POM = Path(__file__).resolve().parent.parent / "harness" / "zookeeper" / "pom.xml"
+_POM = Path(__file__).resolve().parent / "zookeeper" / "pom.xml"
 _HOST = "127.0.0.1"
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _WORKDIR_PREFIX = "kthrottle-zk-"

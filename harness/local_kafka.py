@@ -50,7 +50,7 @@ SASL_USERS: dict[str, str] = {
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 
-_POM = Path(__file__).resolve().parent.parent / "harness" / "pom.xml"
+_POM = Path(__file__).resolve().parent / "pom.xml"
 _HOST = "127.0.0.1"
 _START_ATTEMPTS = 2
 _CDS_DUMP_WAIT_S = 60.0
