@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import random
 import re
@@ -71,6 +73,9 @@ class Traffic:
     datagrams_per_peer: float
     by_kind: dict[str, float]
     full: FullReportCost
+    #: CPU seconds of the member's process (charging and reporting) and of its two peers' process
+    sender_cpu_s: float
+    peers_cpu_s: float = 0.0
 
     def lines(self) -> list[str]:
         per_s = self.bytes_per_peer / self.seconds
@@ -78,7 +83,9 @@ class Traffic:
         cost = self.full
         return [f"exchange, {self.entities:,} {self.scenario} entities: {per_s / 1000:,.1f} kB/s to each "
                 f"peer ({per_s / self.entities:.1f} B/s per entity), "
-                f"{self.datagrams_per_peer / self.seconds:.0f} datagrams/s per peer; reports {kinds}",
+                f"{self.datagrams_per_peer / self.seconds:.0f} datagrams/s per peer; reports {kinds}; "
+                f"CPU: the member {100 * self.sender_cpu_s / self.seconds:.0f} % of a core (charging "
+                f"included), its two peers {100 * self.peers_cpu_s / self.seconds:.0f} %",
                 f"  one full report: {cost.datagrams} datagrams ({cost.bytes / 1000:,.0f} kB); measuring "
                 f"every bucket {cost.measure_ms:.1f} ms, tracking {cost.track_ms:.1f} ms, encoding "
                 f"{cost.encode_ms:.1f} ms (sent in slices of {ENCODE_SLICE} entries); a peer applies it "
@@ -101,22 +108,62 @@ def _engine(entities: int) -> QuotaEngine:
     return engine
 
 
-async def _traffic(entities: int, scenario: str, seconds: float, charges_per_s: int) -> Traffic:
+def _udp_ports(count: int) -> list[int]:
     ports = []
-    for _ in range(3):
+    for _ in range(count):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.bind(("127.0.0.1", 0))
             ports.append(sock.getsockname()[1])
-    addresses = [("127.0.0.1", port) for port in ports]
-    exchanges = []
-    for index, address in enumerate(addresses):
-        settings = FleetSettings(listen=address, secret=SECRET, name=NAME, peers=addresses)
-        members = StaticMembership(addresses if index == 0 else [addresses[0]], {address})
-        exchange = FleetExchange(_engine(entities), settings, NAME, members,
-                                 FleetMetrics(CollectorRegistry()))
-        await exchange.start()
-        exchanges.append(exchange)
-    sender = exchanges[0]
+    return ports
+
+
+def _peers_process(addresses: list[tuple[str, int]], sender: tuple[str, int],
+                   stop: multiprocessing.synchronize.Event, results: multiprocessing.Queue[float]) -> None:
+    """The two peers, in their own process as they would be on their own hosts: they receive and
+    apply the member's reports (their own engines are idle, so they send heartbeats only)."""
+
+    async def run() -> None:
+        exchanges = []
+        for address in addresses:
+            settings = FleetSettings(listen=address, secret=SECRET, name=NAME, peers=[sender, *addresses])
+            exchange = FleetExchange(_engine(0), settings, NAME, StaticMembership([sender], {address}),
+                                     FleetMetrics(CollectorRegistry()))
+            await exchange.start()
+            exchanges.append(exchange)
+        started = time.process_time()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        results.put(time.process_time() - started)
+        for exchange in exchanges:
+            await exchange.close()
+
+    uvloop.run(run())
+
+
+def traffic(entities: int, scenario: str, seconds: float, charges_per_s: float) -> Traffic:
+    """One member charging `entities` buckets, its two peers in another process."""
+    addresses = [("127.0.0.1", port) for port in _udp_ports(3)]
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    results: multiprocessing.Queue[float] = context.Queue()
+    peers = context.Process(target=_peers_process, args=(addresses[1:], addresses[0], stop, results),
+                            daemon=True)
+    peers.start()
+    try:
+        result = uvloop.run(_traffic(addresses, entities, scenario, seconds, charges_per_s))
+    finally:
+        stop.set()
+    result.peers_cpu_s = results.get(timeout=30)
+    peers.join(timeout=30)
+    return result
+
+
+async def _traffic(addresses: list[tuple[str, int]], entities: int, scenario: str, seconds: float,
+                   charges_per_s: float) -> Traffic:
+    settings = FleetSettings(listen=addresses[0], secret=SECRET, name=NAME, peers=addresses)
+    sender = FleetExchange(_engine(entities), settings, NAME, StaticMembership(addresses, {addresses[0]}),
+                           FleetMetrics(CollectorRegistry()))
+    await sender.start()
     engine = sender.engine
     clients = [f"app-{i:06d}" for i in range(entities)]
     rng = random.Random(7)
@@ -129,6 +176,7 @@ async def _traffic(entities: int, scenario: str, seconds: float, charges_per_s: 
     began = loop.time()
     baseline: tuple[float, float, dict[str, float]] | None = None
     measured_from = began
+    cpu_from = time.process_time()
     tick = 0
     while loop.time() - began < warmup_s + seconds:
         part = clients[tick % slices::slices]
@@ -141,17 +189,18 @@ async def _traffic(entities: int, scenario: str, seconds: float, charges_per_s: 
         if baseline is None and loop.time() - began >= warmup_s:
             baseline = _counters(sender.metrics)
             measured_from = loop.time()
+            cpu_from = time.process_time()
         await asyncio.sleep(max(0.0, began + tick * tick_s - loop.time()))
     assert baseline is not None
     elapsed = loop.time() - measured_from
+    sender_cpu = time.process_time() - cpu_from
     end = _counters(sender.metrics)
-    peers = len(exchanges) - 1
+    peers = len(addresses) - 1
     by_kind = {kind: end[2].get(kind, 0.0) - baseline[2].get(kind, 0.0) for kind in end[2]}
-    for exchange in exchanges:
-        await exchange.close()
-    return Traffic(f"{scenario} (each charged {charges_per_s}x/s)", entities, elapsed,
+    await sender.close()
+    return Traffic(f"{scenario} (each charged {charges_per_s:g}x/s)", entities, elapsed,
                    (end[0] - baseline[0]) / peers, (end[1] - baseline[1]) / peers, by_kind,
-                   _full_report_cost(engine))
+                   _full_report_cost(engine), sender_cpu)
 
 
 def _counters(metrics: FleetMetrics) -> tuple[float, float, dict[str, float]]:
@@ -161,25 +210,28 @@ def _counters(metrics: FleetMetrics) -> tuple[float, float, dict[str, float]]:
 
 
 def _full_report_cost(engine: QuotaEngine) -> FullReportCost:
-    """One full report built from `engine` as the exchange builds it, and applied by a fresh peer;
-    each step's best of three tries (the first pays one-time costs, any may meet a GC pause)."""
+    """One full report built from `engine` as the exchange builds it, and applied by a peer that
+    holds the previous one (the steady state: every entry refreshes one the peer has); each
+    step's best of three tries (the first pays one-time costs, any may meet a GC pause)."""
     costs: list[FullReportCost] = []
-    for _ in range(3):
+    peers = PeerUsage(engine.config.window.history_ms)
+    for attempt in range(4):
         now = int(time.monotonic() * 1000)
         started = time.perf_counter()
         usage = engine.local_usage(now, False)
         measured = time.perf_counter()
         entries = UsageTracker().due(usage, True)
         tracked = time.perf_counter()
-        datagrams = encode_usage(NAME, 1, 1, int(time.time() * 1000), True, entries, [], SECRET)
+        datagrams = encode_usage(NAME, 1, 1 + 10_000 * attempt, int(time.time() * 1000), True, entries,
+                                 [], SECRET)
         encoded = time.perf_counter()
-        peers = PeerUsage(engine.config.window.history_ms)
         for datagram in datagrams:
             peers.accept(decode_usage(datagram, SECRET, NAME, int(time.time() * 1000)), now)
         applied = time.perf_counter()
         costs.append(FullReportCost(len(datagrams), sum(map(len, datagrams)), 1000 * (measured - started),
                                     1000 * (tracked - measured), 1000 * (encoded - tracked),
                                     1000 * (applied - encoded)))
+    costs = costs[1:]  # the first apply created every entry: not what a peer does each second
     return FullReportCost(costs[0].datagrams, costs[0].bytes, min(c.measure_ms for c in costs),
                           min(c.track_ms for c in costs), min(c.encode_ms for c in costs),
                           min(c.apply_ms for c in costs))
@@ -363,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entities", type=int, nargs="+", default=[10_000],
                         help="active entities for the exchange traffic (several: one run each)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per traffic run")
-    parser.add_argument("--charges-per-s", type=int, default=10, help="charges per entity per second")
+    parser.add_argument("--charges-per-s", type=float, default=10,
+                        help="charges per entity per second (0.2: every 5 s, still active)")
     parser.add_argument("--rounds", type=int, default=3, help="throughput runs per path, alternating")
     parser.add_argument("--records", type=int, default=30_000, help="10 KB records per produce run")
     parser.add_argument("--consume-records", type=int, default=60_000, help="10 KB records per consume run")
@@ -375,9 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in ("steady", "greedy"):
             print(f"exchange traffic: {entities:,} {scenario} entities, 2 peers, {args.seconds:.0f} s...",
                   flush=True)
-            traffic = uvloop.run(_traffic(entities, scenario, args.seconds, args.charges_per_s))
-            print("\n".join(traffic.lines()), flush=True)
-            lines += traffic.lines()
+            run = traffic(entities, scenario, args.seconds, args.charges_per_s)
+            print("\n".join(run.lines()), flush=True)
+            lines += run.lines()
     alone, member = decision_cost()
     lines.append(f"decision (QuotaEngine.charge, one entity under quota): alone {alone:.2f} us, in a fleet "
                  f"of 3 with both peers reporting it {member:.2f} us ({member / alone:.2f}x)")

@@ -43,9 +43,10 @@ from .clients import wait_until
 from .conftest import QUOTA_SETTINGS
 from .proxies import RunningProxy, free_port_block
 from .quota_runs import RunResult, report, slope
+from .tcp_relay import TcpRelay
 from .test_quotas import _end_offsets, _fill, _topic
 from .udp_relay import UdpRelay
-from .zookeeper import running_zookeeper
+from .zookeeper import kazoo_client, running_zookeeper
 
 QUOTA = 1_000_000  # bytes per second over the whole fleet
 RUN_S = 30.0
@@ -557,6 +558,57 @@ def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_
                "quota meanwhile")
         assert 0.85 * QUOTA <= rate <= 1.10 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
         assert "fleet membership: ZooKeeper at" in members[0].log()
+
+
+def test_a_member_whose_zookeeper_session_expired_registers_again(kafka_cluster: LocalKafka,
+                                                                 tmp_path: Path) -> None:
+    """ZooKeeper keeps running but one member is cut off from it (a relay the test cuts) for longer
+    than its session timeout: ZooKeeper expires the session and deletes its znode, so the other
+    member stops listing it, yet the two go on exchanging usage; once the member reaches ZooKeeper
+    again it gets a new session, registers again, and the other member lists it again."""
+    chroot = f"/fleet-{uuid.uuid4().hex[:8]}"
+    members_path = f"{chroot}/kthrottle/fleets/{FLEET}/members"
+    quotas = quota_text(producer_byte_rate=QUOTA)
+    with running_zookeeper() as zookeeper, ExitStack() as stack:
+        host, port = zookeeper.connect_string.rsplit(":", 1)
+        relay = TcpRelay((host, int(port)))
+        stack.callback(relay.close)
+        (tmp_path / "fleet.secret").write_text(os.urandom(32).hex())
+
+        def start(connect: str) -> Member:
+            zk = f'membership = "zookeeper"\nzookeeper = "{connect}"\nzookeeper_chroot = "{chroot}"'
+            member = Member(kafka_cluster.bootstrap, tmp_path, quotas, udp_port=free_udp_port(), fleet=zk)
+            stack.callback(member.stop)
+            return member
+
+        cut_off = start("{}:{}".format(*relay.address))
+        other = start(zookeeper.connect_string)
+        for member in (cut_off, other):
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_peer_addresses") == 1, 15, "listed")
+        with kazoo_client(zookeeper.connect_string) as watcher:
+            assert len(watcher.get_children(members_path)) == 2
+            relay.cut()
+            # kazoo asks for a 10 s session; ZooKeeper expires it some ticks after that
+            wait_until(lambda: len(watcher.get_children(members_path)) == 1, 30,
+                       "the cut-off session expired")
+            wait_until(lambda: other.metric("kthrottle_fleet_peer_addresses") == 0, 10,
+                       "the other member stops listing it")
+            received = other.metric("kthrottle_fleet_datagrams_received_total")
+            time.sleep(3)  # idle members still send a full report (a heartbeat) every second
+            assert other.metric("kthrottle_fleet_datagrams_received_total") >= received + 2, \
+                "the cut-off member's reports must keep arriving while it is not listed"
+            assert other.metric("kthrottle_fleet_members") == 2
+            assert "ZooKeeper session lost" not in cut_off.log()  # kazoo cannot know yet
+            relay.restore()
+            wait_until(lambda: "registered again as" in cut_off.log(), 30, "registered again")
+            wait_until(lambda: len(watcher.get_children(members_path)) == 2, 10, "two znodes again")
+            wait_until(lambda: other.metric("kthrottle_fleet_peer_addresses") == 1, 10,
+                       "the other member lists it again")
+            wait_until(lambda: cut_off.metric("kthrottle_fleet_peer_addresses") == 1, 10,
+                       "it lists the other member again")
+        log = cut_off.log()
+        assert "ZooKeeper session lost" in log, log[-3000:]
+        assert relay.refused > 0
 
 
 # -- consumers ------------------------------------------------------------------------------------------
