@@ -11,6 +11,15 @@ from .errors import FrameSizeError
 #: Kafka's own default for `socket.request.max.bytes`; a larger request frame is refused.
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 
+#: The first bytes of a TLS record that carries a handshake: content type 22, then protocol major
+#: version 3 (RFC 8446 section 5.1; every TLS and SSLv3 ClientHello starts so). Read as a Kafka size
+#: prefix they are at least 0x16030000 = 369,295,360 bytes, above any sane request limit, so they are
+#: only looked for once a size has been refused: the check costs nothing on valid frames.
+TLS_HANDSHAKE_RECORD = b"\x16\x03"
+#: What the refusal says, so a client configured for SSL against a plaintext port is recognised
+#: (the I/O layer also uses it to count such connections apart).
+TLS_ON_PLAINTEXT = "TLS handshake on a plaintext listener"
+
 #: Responses are not limited by the broker's request limit (a Fetch may return up to
 #: `fetch.max.bytes` and more), so only the protocol's own int32 bound applies.
 MAX_RESPONSE_BYTES = 2**31 - 1
@@ -54,6 +63,11 @@ class FrameSplitter:
     def _size(self, prefix: bytes) -> int:
         size = int.from_bytes(prefix, "big", signed=True)
         if size < 0 or size > self._max_bytes:
+            if prefix[:2] == TLS_HANDSHAKE_RECORD:
+                raise FrameSizeError(
+                    f"{TLS_ON_PLAINTEXT}: the bytes {bytes(prefix[:4]).hex(' ')} are a TLS record where a "
+                    f"Kafka {self._name} size belongs (the client uses security.protocol=SSL or SASL_SSL; "
+                    "this listener is plaintext)")
             raise FrameSizeError(f"{self._name} size {size} is outside 0..{self._max_bytes} bytes")
         return size
 
