@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from base64 import urlsafe_b64encode
 from pathlib import Path
 from types import TracebackType
 
+from .certificates import TestCertificates
 from .maven import cache_root, fetch_once
 
 KAFKA_VERSION = "4.3.1"
@@ -45,10 +47,19 @@ SASL_USERS: dict[str, str] = {
     "alice": "alice-secret",
     "bob": "bob-secret",
 }
-"""Users known to the SASL_PLAINTEXT listener, for PLAIN and both SCRAM mechanisms alike."""
+"""Users known to the SASL_PLAINTEXT and SASL_SSL listeners, for PLAIN and both SCRAM mechanisms alike."""
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+
+LISTENERS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
+"""The client listeners a node can have, named (as in Kafka) after their security protocol."""
+
+SSL_PRINCIPAL_MAPPING_RULES = "RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
+"""The brokers' ``ssl.principal.mapping.rules``: a client certificate "CN=alice,OU=eng,O=kthrottle" is
+User:alice, the same principal as the SASL user alice; a DN the rule does not match stays the whole DN."""
+SSL_CLIENT_AUTH = "requested"
+"""``ssl.client.auth`` of the SSL listener: a client certificate gives the principal, none gives ANONYMOUS."""
 
 _POM = Path(__file__).resolve().parent / "pom.xml"
 _HOST = "127.0.0.1"
@@ -191,6 +202,19 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
+def _handshakes(host: str, port: int, ca: Path) -> bool:
+    """True when a TLS handshake on host:port verifies the server against ``ca``, hostname included."""
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with (
+            socket.create_connection((host, port), timeout=2.0) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except OSError:  # ssl.SSLError is an OSError
+        return False
+
+
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
     buf = bytearray()
     while len(buf) < size:
@@ -300,10 +324,13 @@ class _PortClash(RuntimeError):
 class _Node:
     """One combined broker+controller JVM and its ports."""
 
-    def __init__(self, node_id: int, ports: list[int], sasl: bool) -> None:
+    def __init__(self, node_id: int, ports: list[int], sasl: bool, tls: bool = False) -> None:
         self.node_id = node_id
         self.client_port, self.internal_port, self.controller_port = ports[:3]
-        self.sasl_port: int | None = ports[3] if sasl else None
+        rest = iter(ports[3:])
+        self.sasl_port: int | None = next(rest) if sasl else None
+        self.ssl_port: int | None = next(rest) if tls else None
+        self.sasl_ssl_port: int | None = next(rest) if tls else None
         self.proc: subprocess.Popen[bytes] | None = None
         self.recording: Path | None = None  # this JVM records the class archive at exit
 
@@ -316,18 +343,30 @@ class LocalKafka:
     CONTROLLER. Topics are never auto-created: tests create what they use (``default.replication.factor``
     is 1; the internal offsets/transaction topics have min(3, N) replicas and 10 partitions, to start fast).
 
+    ``tls`` adds two client listeners from certificates generated at each start into
+    ``<workdir>/certificates`` (``certificates``, a ``TestCertificates``): SSL (``ssl_bootstrap``; client
+    certificates requested and mapped by ``SSL_PRINCIPAL_MAPPING_RULES``, none gives User:ANONYMOUS) and
+    SASL_SSL (``sasl_ssl_bootstrap``; the same mechanisms and ``SASL_USERS`` as SASL_PLAINTEXT, so the SCRAM
+    credentials are created whether or not ``sasl`` is also on). Inter-broker traffic stays plaintext.
+
     ``workdir``: keep configs, data and logs there after ``stop`` (for debugging); each ``start`` wipes the
     ``node-*`` directories in it and formats a new cluster. Without it a temporary directory is used and
     deleted. ``heap_mb`` is the heap of each broker JVM.
     """
 
     def __init__(
-        self, brokers: int = 3, sasl: bool = False, workdir: Path | None = None, heap_mb: int = 384
+        self,
+        brokers: int = 3,
+        sasl: bool = False,
+        workdir: Path | None = None,
+        heap_mb: int = 384,
+        tls: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
         self.brokers = brokers
         self.sasl = sasl
+        self.tls = tls
         self.heap_mb = heap_mb
         self._given_workdir = workdir
         self.workdir: Path | None = None
@@ -336,6 +375,9 @@ class LocalKafka:
         self._nodes: list[_Node] = []
         self.bootstrap: str = ""
         self.sasl_bootstrap: str | None = None
+        self.ssl_bootstrap: str | None = None
+        self.sasl_ssl_bootstrap: str | None = None
+        self.certificates: TestCertificates | None = None
         self.startup_seconds: float | None = None
         self._ready = False
         self._broker_cds: ClassArchive | None = None
@@ -376,16 +418,20 @@ class LocalKafka:
             (self.workdir / _OWNER_FILE).write_text(f"{os.getpid()}\n")
         _LIVE.add(self)
         try:
-            per_node = 4 if self.sasl else 3
+            per_node = 3 + (1 if self.sasl else 0) + (2 if self.tls else 0)
             ports = _free_ports(per_node * self.brokers)
             self._nodes = [
-                _Node(nid, ports[i * per_node : (i + 1) * per_node], self.sasl)
+                _Node(nid, ports[i * per_node : (i + 1) * per_node], self.sasl, self.tls)
                 for i, nid in enumerate(self.node_ids)
             ]
             self.bootstrap = ",".join(f"{_HOST}:{n.client_port}" for n in self._nodes)
             self.sasl_bootstrap = (
                 ",".join(f"{_HOST}:{n.sasl_port}" for n in self._nodes) if self.sasl else None
             )
+            if self.tls:
+                self.ssl_bootstrap = ",".join(f"{_HOST}:{n.ssl_port}" for n in self._nodes)
+                self.sasl_ssl_bootstrap = ",".join(f"{_HOST}:{n.sasl_ssl_port}" for n in self._nodes)
+                self.certificates = TestCertificates.generate(self.workdir / "certificates")
             log4j = self.workdir / "log4j2.properties"
             log4j.write_text(_BROKER_LOG4J2)
             for node in self._nodes:
@@ -453,12 +499,26 @@ class LocalKafka:
         """True while every node's JVM is running."""
         return bool(self._nodes) and all(n.proc is not None and n.proc.poll() is None for n in self._nodes)
 
-    def broker_address(self, node_id: int, sasl: bool = False) -> tuple[str, int]:
-        """(host, port) of one broker's client listener, for tests that target a single node."""
+    def broker_address(
+        self, node_id: int, sasl: bool = False, *, listener: str | None = None
+    ) -> tuple[str, int]:
+        """(host, port) of one broker's client listener, for tests that target a single node.
+
+        ``listener`` names it by security protocol (one of ``LISTENERS``); without it ``sasl`` picks
+        SASL_PLAINTEXT over PLAINTEXT.
+        """
+        name = listener or ("SASL_PLAINTEXT" if sasl else "PLAINTEXT")
+        if name not in LISTENERS:
+            raise ValueError(f"unknown listener {name!r}: one of {', '.join(LISTENERS)}")
         node = next(n for n in self._nodes if n.node_id == node_id)
-        port = node.sasl_port if sasl else node.client_port
+        port = {
+            "PLAINTEXT": node.client_port,
+            "SASL_PLAINTEXT": node.sasl_port,
+            "SSL": node.ssl_port,
+            "SASL_SSL": node.sasl_ssl_port,
+        }[name]
         if port is None:
-            raise ValueError("this cluster has no SASL listener")
+            raise ValueError(f"this cluster has no {name} listener")
         return _HOST, port
 
     # ------------------------------------------------------------------ internals
@@ -508,6 +568,14 @@ class LocalKafka:
             sasl_listener = f"SASL_PLAINTEXT://{_HOST}:{node.sasl_port}"
             listeners.append(sasl_listener)
             advertised.append(sasl_listener)
+        protocol_map = (
+            "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+        )
+        if self.tls:
+            tls_listeners = [f"SSL://{_HOST}:{node.ssl_port}", f"SASL_SSL://{_HOST}:{node.sasl_ssl_port}"]
+            listeners += tls_listeners
+            advertised += tls_listeners
+            protocol_map += ",SSL:SSL,SASL_SSL:SASL_SSL"
         props: dict[str, str | int] = {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
@@ -515,9 +583,7 @@ class LocalKafka:
             "controller.listener.names": "CONTROLLER",
             "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
-            "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
-            ),
+            "listener.security.protocol.map": protocol_map,
             "inter.broker.listener.name": "INTERNAL",
             "log.dirs": str(self._node_dir(node) / "data"),
             "num.network.threads": 2,
@@ -540,20 +606,45 @@ class LocalKafka:
             "broker.heartbeat.interval.ms": 500,
             "log.segment.bytes": 64 * 1024 * 1024,
         }
-        if self.sasl:
+        sasl_listeners = [
+            name for name, on in (("sasl_plaintext", self.sasl), ("sasl_ssl", self.tls)) if on
+        ]
+        if sasl_listeners:
             props["sasl.enabled.mechanisms"] = ",".join(SASL_MECHANISMS)
-            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = _jaas_plain()
+        for listener in sasl_listeners:
+            props[f"listener.name.{listener}.plain.sasl.jaas.config"] = _jaas_plain()
             for mech in SCRAM_MECHANISMS:
-                props[f"listener.name.sasl_plaintext.{mech.lower()}.sasl.jaas.config"] = (
+                props[f"listener.name.{listener}.{mech.lower()}.sasl.jaas.config"] = (
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;"
                 )
+        if self.tls:
+            props.update(self._tls_properties())
         return "".join(f"{key}={value}\n" for key, value in props.items())
+
+    def _tls_properties(self) -> dict[str, str | int]:
+        """The SSL and SASL_SSL listeners' keystore and truststore, as PEM files (KIP-651).
+
+        A PEM keystore is one file with the PKCS#8 key and the certificate chain; with the key unencrypted
+        neither ``ssl.key.password`` nor a keystore password is set (Kafka refuses a keystore password for
+        PEM). Only the SSL listener asks for client certificates: that is where a certificate is the identity.
+        """
+        certs = self.certificates
+        assert certs is not None
+        props: dict[str, str | int] = {"ssl.principal.mapping.rules": SSL_PRINCIPAL_MAPPING_RULES}
+        for listener in ("ssl", "sasl_ssl"):
+            prefix = f"listener.name.{listener}."
+            props[prefix + "ssl.keystore.type"] = "PEM"
+            props[prefix + "ssl.keystore.location"] = str(certs.server_keystore)
+            props[prefix + "ssl.truststore.type"] = "PEM"
+            props[prefix + "ssl.truststore.location"] = str(certs.ca)
+        props["listener.name.ssl.ssl.client.auth"] = SSL_CLIENT_AUTH
+        return props
 
     def _format(self, java: str, classpath: str, deadline: float, cds: ClassArchive) -> None:
         """Format every node's storage with the shared cluster id; the JVMs run in parallel to save time."""
         scram = [
             arg
-            for mech in (SCRAM_MECHANISMS if self.sasl else ())
+            for mech in (SCRAM_MECHANISMS if self.sasl or self.tls else ())
             for name, password in SASL_USERS.items()
             for arg in ("--add-scram", f"{mech}=[name={name},password={password}]")
         ]
@@ -630,7 +721,7 @@ class LocalKafka:
                 except (OSError, struct.error) as exc:
                     last[node.node_id] = repr(exc)
                     continue
-                if got == want and (node.sasl_port is None or _accepts(_HOST, node.sasl_port)):
+                if got == want and self._other_listeners_ready(node):
                     pending.remove(node)
                 else:
                     last[node.node_id] = f"lists brokers {got}"
@@ -640,6 +731,17 @@ class LocalKafka:
                 state = ", ".join(f"node {k}: {v}" for k, v in sorted(last.items()))
                 raise RuntimeError(f"Kafka cluster not ready before the timeout ({state})")
             time.sleep(0.2)
+
+    def _other_listeners_ready(self, node: _Node) -> bool:
+        """SASL ports accept TCP; TLS ports complete a handshake that verifies the broker's certificate."""
+        if node.sasl_port is not None and not _accepts(_HOST, node.sasl_port):
+            return False
+        if self.certificates is None:
+            return True
+        return all(
+            port is not None and _handshakes(_HOST, port, self.certificates.ca)
+            for port in (node.ssl_port, node.sasl_ssl_port)
+        )
 
     def _nodes_launched(self) -> bool:
         return any(n.proc is not None for n in self._nodes)
@@ -682,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--brokers", type=int, default=3, help="number of nodes (default: 3)")
     parser.add_argument("--sasl", action="store_true", help="add a SASL_PLAINTEXT listener (PLAIN, SCRAM)")
+    parser.add_argument("--tls", action="store_true",
+                        help="add SSL and SASL_SSL listeners, with test certificates generated at start")
     parser.add_argument("--heap-mb", type=int, default=384, help="JVM heap per node in MiB (default: 384)")
     parser.add_argument("--timeout", type=float, default=120.0, help="startup timeout in seconds")
     args = parser.parse_args(argv)
@@ -696,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalKafka(brokers=args.brokers, sasl=args.sasl, heap_mb=args.heap_mb)
+    cluster = LocalKafka(brokers=args.brokers, sasl=args.sasl, heap_mb=args.heap_mb, tls=args.tls)
     code = 0
     try:
         print(f"starting {args.brokers} Kafka {KAFKA_VERSION} node(s)...", file=sys.stderr, flush=True)
@@ -705,11 +809,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bootstrap={cluster.bootstrap}")
         if cluster.sasl_bootstrap:
             print(f"sasl_bootstrap={cluster.sasl_bootstrap}")
+        if cluster.certificates is not None:
+            print(f"ssl_bootstrap={cluster.ssl_bootstrap}")
+            print(f"sasl_ssl_bootstrap={cluster.sasl_ssl_bootstrap}")
+            print(f"certificates={cluster.certificates.directory}")
         sys.stdout.flush()
         users = ", ".join(f"{u}/{p}" for u, p in SASL_USERS.items())
         print(
             f"ready in {cluster.startup_seconds:.1f}s; logs in {cluster.workdir}"
-            + (f"; SASL users {users}" if args.sasl else ""),
+            + (f"; SASL users {users}" if args.sasl or args.tls else ""),
             file=sys.stderr,
             flush=True,
         )
