@@ -15,8 +15,10 @@ from harness.local_kafka import LocalKafka
 
 @pytest.fixture(scope="session")
 def kafka_cluster() -> Iterator[LocalKafka]:
-    """One 3-node cluster with SASL for the whole session; a start failure errors loudly, never skips."""
-    cluster = LocalKafka(brokers=3, sasl=True)
+    """One 3-node cluster for the whole session, with every listener the tests use (PLAINTEXT,
+    SASL_PLAINTEXT, SSL and SASL_SSL, the certificates generated at start); a start failure errors
+    loudly, never skips."""
+    cluster = LocalKafka(brokers=3, sasl=True, tls=True)
     try:
         cluster.start()
     except RuntimeError as exc:
