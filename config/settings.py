@@ -15,6 +15,7 @@ from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
     from .fleet import FleetSettings
+    from .tls import ListenerTls, UpstreamTls
 
 
 class SettingsError(ValueError):
@@ -69,7 +70,8 @@ class ProxySettings:
     #: into one series labelled "__other__".
     metrics_max_entities: int = 1000
     #: Principals ("User:<name>") allowed to change quotas through the admin API; nobody by default.
-    #: A plaintext client is "User:ANONYMOUS"; SASL clients are who the broker authenticated.
+    #: A plaintext client is "User:ANONYMOUS"; SASL clients are who the broker authenticated; TLS
+    #: clients with a certificate are its subject mapped by tls.principal_mapping_rules.
     quota_admins: list[str] = field(default_factory=list)
     #: Who may describe quotas: "admins" (the quota admins) or "everyone".
     quota_describe: str = "admins"
@@ -102,6 +104,10 @@ class ProxySettings:
     fleet: FleetSettings | None = None
     #: Bind the client listeners with SO_REUSEPORT, so `kthrottle run --workers N` processes share them.
     reuse_port: bool = False
+    #: The `[tls]` table (config/tls.py): TLS on every client listener; None: plaintext listeners.
+    tls: ListenerTls | None = None
+    #: The `[upstream_tls]` table: TLS on every broker connection; None: plaintext to the brokers.
+    upstream_tls: UpstreamTls | None = None
 
     @property
     def node_base(self) -> int:
@@ -199,5 +205,12 @@ def load_settings(path: Path | None) -> ProxySettings:
         from .fleet import parse_fleet_table
 
         settings.fleet = parse_fleet_table(data["fleet"], path)
+    if "tls" in data or "upstream_tls" in data:
+        from .tls import parse_tls_table, parse_upstream_tls_table
+
+        if "tls" in data:
+            settings.tls = parse_tls_table(data["tls"], path)
+        if "upstream_tls" in data:
+            settings.upstream_tls = parse_upstream_tls_table(data["upstream_tls"], path)
     settings.check()
     return settings

@@ -113,16 +113,27 @@ TRIM_AFTER_BYTES = 32 * 1024 * 1024
 
 
 async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
-    """Expire quota buckets whose history has passed, summarise repeated log lines, and give memory
-    back after a spike of large requests (see _tune_malloc: glibc keeps freed memory otherwise)."""
+    """Expire quota buckets whose history has passed, summarise repeated log lines, pick up rotated
+    TLS certificates (new connections get them; proxy/tls.py), and give memory back after a spike
+    of large requests (see _tune_malloc: glibc keeps freed memory otherwise)."""
     while True:
         await asyncio.sleep(HOUSEKEEPING_SECONDS)
         server.engine.expire_idle(int(time.monotonic() * 1000))
+        if server.tls is not None:
+            server.tls.poll()
         summary.flush()
         pool = server.memory
         if pool.peak >= TRIM_AFTER_BYTES and pool.used < TRIM_AFTER_BYTES // 4:
             pool.peak = pool.used
             _trim_malloc()
+
+
+def _reload(store: FileQuotaStore | None, server: ProxyServer) -> None:
+    """SIGHUP: read the quota file and the TLS certificate files now."""
+    if store is not None:
+        store.reload()
+    if server.tls is not None:
+        server.tls.poll(force=True)
 
 
 def _trim_malloc() -> None:
@@ -132,7 +143,7 @@ def _trim_malloc() -> None:
 
 
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
-    """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file."""
+    """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file and the TLS files."""
     from config.store import FileQuotaStore
 
     from .server import ProxyServer
@@ -158,7 +169,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
               "(health: /healthz, /ready)", flush=True)
     await server.start()
     host, port = server.bootstrap_address
-    print(f"kthrottle: clients use bootstrap.servers={host}:{port}", flush=True)
+    protocol = " with security.protocol=SSL (or SASL_SSL)" if settings.tls is not None else ""
+    print(f"kthrottle: clients use bootstrap.servers={host}:{port}{protocol}", flush=True)
     if ready_message:
         print(ready_message, flush=True)
     demo_producer = None
@@ -175,10 +187,11 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         loop.add_signal_handler(sig, stop.set)
     summary = install_log_summary()
     tasks = [loop.create_task(_housekeeping(server, summary))]
-    if isinstance(store, FileQuotaStore):
-        file_store = store
-        loop.add_signal_handler(signal.SIGHUP, file_store.reload)
+    file_store = store if isinstance(store, FileQuotaStore) else None
+    if file_store is not None:
         tasks.append(loop.create_task(_watch_quota_files(file_store)))
+    if file_store is not None or server.tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, file_store, server)
     await stop.wait()
     for task in tasks:
         task.cancel()

@@ -28,6 +28,7 @@ from protocol.connection import (
     ToClient,
 )
 from protocol.errors import ProtocolError
+from protocol.frames import TLS_ON_PLAINTEXT
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.rate import WindowConfig
 
@@ -36,9 +37,13 @@ from .discovery import discover_brokers
 from .memory_pool import RequestMemoryPool
 from .metrics import ProxyMetrics
 from .quota_admin import QuotaAdminService
+from .tls import TlsContexts, describe_handshake_error, describe_upstream_error, start_server_tls
 from .upstream_health import UpstreamHealth, describe_error
 
 log = logging.getLogger("kthrottle.proxy")
+
+#: How long connecting to a broker may take (TCP); a TLS handshake gets its own timeout on top.
+UPSTREAM_CONNECT_TIMEOUT_S = 10.0
 
 
 def now_ms() -> float:
@@ -171,6 +176,9 @@ class ClientSession(asyncio.Protocol):
         self._last_active = 0.0
         #: request bytes queued for the broker while its connection is not taking them
         self._upstream_backlog = 0
+        #: the client's TLS handshake is under way (its outcome, not connection_lost, ends it)
+        self._handshaking = False
+        self._lost_in_handshake = False
 
     # -- client side ----------------------------------------------------------------------------
 
@@ -187,14 +195,61 @@ class ClientSession(asyncio.Protocol):
             transport.close()
             return
         self._admitted = True
-        settings = self.server.settings
-        self.transport.set_write_buffer_limits(high=settings.connection_buffer_bytes)
-        self._to_client.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.sessions.add(self)
         self.server.metrics.connections.inc()
+        tls = self.server.tls
+        if tls is not None and tls.server is not None and tls.listener is not None:
+            # The context current now serves this connection for its whole life (rotation).
+            self._handshaking = True
+            start_server_tls(transport, self, tls.server.current, tls.listener.handshake_timeout_ms / 1000.0,
+                             self._tls_handshake_done)
+            return
+        self._start()
+
+    def _tls_handshake_done(self, transport: asyncio.BaseTransport | None, exc: BaseException | None) -> None:
+        """The client's TLS handshake ended: go on as a plaintext connection does, or say why not."""
+        self._handshaking = False
+        listener = self.server.tls.listener if self.server.tls is not None else None
+        if transport is None or listener is None:
+            if not self._closing:
+                kind, text = describe_handshake_error(exc or ConnectionResetError(),
+                                                      listener.handshake_timeout_ms if listener else 0)
+                # A TCP probe (load balancer health check) connects and leaves: not worth a warning.
+                self.close(text, kind=kind,
+                           level=logging.DEBUG if kind == "tls_handshake_eof" else logging.WARNING)
+            self.connection_lost(None)  # the SSL layer does not always report a failed handshake's end
+            return
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+        if self._lost_in_handshake or self._closing:
+            transport.close()
+            self.connection_lost(None)
+            return
+        ssl_object = transport.get_extra_info("ssl_object")
+        certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if certificate is not None and listener.client_auth != "none":
+            # Verified: OpenSSL fails the handshake on a presented certificate that does not verify.
+            from protocol.tls_identity import principal_from_certificate
+
+            principal = principal_from_certificate(certificate, listener.principal_mapper)
+            if principal is None:
+                self.close("its certificate's subject matches no rule of tls.principal_mapping_rules "
+                           f"({listener.principal_mapping_rules!r}), so it has no principal",
+                           kind="tls_no_principal")
+                return
+            self.conn.principal = principal
+            log.info("%s from %s authenticated by its TLS certificate as principal %r",
+                     self.conn.name, self._peer, principal)
+        self._start()
+
+    def _start(self) -> None:
+        """Serve the connection (after its TLS handshake, if any): timers, then the broker connection."""
+        settings = self.server.settings
+        assert self.transport is not None
+        self.transport.set_write_buffer_limits(high=settings.connection_buffer_bytes)
+        self._to_client.transport = self.transport
         self._block("connecting")
         loop = asyncio.get_running_loop()
         self._last_active = now_ms()
@@ -235,13 +290,27 @@ class ClientSession(asyncio.Protocol):
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
         errors: list[str] = []
+        tls_failed = False
+        tls = self.server.tls
+        upstream_tls = tls.upstream if tls is not None else None
         for host, port in self.server.upstream_for(self.node_id):
+            timeout = UPSTREAM_CONNECT_TIMEOUT_S
+            if upstream_tls is not None and tls is not None and tls.upstream_settings is not None:
+                # server_hostname: the host the broker advertises (or the bootstrap entry), which is
+                # what Kafka's ssl.endpoint.identification.algorithm=https checks too.
+                handshake_s = tls.upstream_settings.handshake_timeout_ms / 1000.0
+                timeout += handshake_s
+                connecting = loop.create_connection(lambda: _Upstream(self), host, port,
+                                                    ssl=upstream_tls.current, server_hostname=host,
+                                                    ssl_handshake_timeout=handshake_s)
+            else:
+                connecting = loop.create_connection(lambda: _Upstream(self), host, port)
             try:
-                _, protocol = await asyncio.wait_for(
-                    loop.create_connection(lambda: _Upstream(self), host, port), timeout=10
-                )
+                _, protocol = await asyncio.wait_for(connecting, timeout=timeout)
             except (TimeoutError, OSError) as exc:
-                errors.append(f"{host}:{port}: {describe_error(exc, 10)}")
+                tls_error = describe_upstream_error(exc) if upstream_tls is not None else None
+                tls_failed = tls_failed or tls_error is not None
+                errors.append(f"{host}:{port}: {tls_error or describe_error(exc, timeout)}")
                 continue
             if self._closing and not self._client_gone:  # closed for a reason: nothing goes on
                 protocol.transport.close()  # type: ignore[attr-defined]
@@ -265,9 +334,9 @@ class ClientSession(asyncio.Protocol):
             return
         target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
         # While the upstream is known to be down, that was said once (upstream_health); not per client.
-        level = logging.DEBUG if self.server.health.up is False else logging.WARNING
+        level = logging.DEBUG if self.server.health.up is False and not tls_failed else logging.WARNING
         self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})",
-                   kind="upstream_unreachable", level=level)
+                   kind="upstream_tls" if tls_failed else "upstream_unreachable", level=level)
 
     def data_received(self, data: bytes) -> None:
         if self._closing and not self._admitted:
@@ -312,6 +381,9 @@ class ClientSession(asyncio.Protocol):
         self._unblock("memory")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshaking:  # the handshake's outcome ends the connection (_tls_handshake_done)
+            self._lost_in_handshake = True
+            return
         if not self._admitted:
             return
         self._admitted = False
@@ -451,7 +523,8 @@ class ClientSession(asyncio.Protocol):
                 self.server.background.add(task)
                 task.add_done_callback(self.server.background.discard)
             elif isinstance(action, Close):
-                self.close(action.reason, kind="bad_data")
+                self.close(action.reason, kind="tls_on_plaintext" if TLS_ON_PLAINTEXT in action.reason
+                           else "bad_data")
 
     async def _answer_quota_admin(self, request: QuotaAdmin) -> None:
         try:
@@ -520,6 +593,9 @@ class ProxyServer:
         self._serving: list[asyncio.Task[asyncio.AbstractServer]] = []
         self._rotation = itertools.count()
         self._probing: asyncio.Task[None] | None = None
+        #: TLS contexts for either side, kept current as their files rotate; None: plaintext both sides
+        self.tls = (TlsContexts(settings.tls, settings.upstream_tls)
+                    if settings.tls is not None or settings.upstream_tls is not None else None)
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -595,7 +671,11 @@ class ProxyServer:
         self._listeners[None] = sock
         self._serving.append(loop.create_task(
             loop.create_server(lambda: ClientSession(self, None), sock=sock)))
-        if await self.health.probe():
+        reachable = await self.health.probe()
+        if reachable and self.settings.upstream_tls is not None:
+            # Discovery speaks plaintext; over TLS the brokers are learned from client metadata.
+            log.info("broker discovery skipped (upstream TLS); brokers are learned from client metadata")
+        elif reachable:
             try:
                 brokers = await discover_brokers(self.settings.upstream)
             except Exception as exc:  # SASL-only listeners: learn brokers from client traffic instead
@@ -605,8 +685,10 @@ class ProxyServer:
                 self.learn(brokers)
         await asyncio.gather(*self._serving)
         self._probing = loop.create_task(self.health.run())
-        log.info("bootstrap listener on %s:%d, upstream %s", *self.bootstrap_address,
-                 ",".join(f"{h}:{p}" for h, p in self.settings.upstream))
+        log.info("bootstrap listener on %s:%d%s, upstream %s%s", *self.bootstrap_address,
+                 " (TLS)" if self.settings.tls is not None else "",
+                 ",".join(f"{h}:{p}" for h, p in self.settings.upstream),
+                 " (TLS)" if self.settings.upstream_tls is not None else "")
 
     async def close(self) -> None:
         if self._probing is not None:
