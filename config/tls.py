@@ -34,15 +34,13 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .settings import SettingsError
+from protocol.tls_identity import PrincipalMappingError, SslPrincipalMapper
 
-if TYPE_CHECKING:
-    from protocol.tls_identity import SslPrincipalMapper
+from .settings import SettingsError
 
 #: Kafka's ssl.client.auth values. "requested" asks for a certificate and accepts a connection
 #: without one (its principal is then ANONYMOUS); a certificate that is presented must verify.
@@ -186,8 +184,6 @@ def read_certificate_pair(table: str, certificate: Path, key: Path) -> Certifica
 
 
 def _rules(value: object) -> tuple[str, SslPrincipalMapper]:
-    from protocol.tls_identity import PrincipalMappingError, SslPrincipalMapper
-
     if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         text = ",".join(value)  # a list reads better in TOML; Kafka's own form is one string
     elif isinstance(value, str):

@@ -29,6 +29,7 @@ from protocol.connection import (
 )
 from protocol.errors import ProtocolError
 from protocol.frames import TLS_ON_PLAINTEXT
+from protocol.tls_identity import principal_from_certificate
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.rate import WindowConfig
 
@@ -231,8 +232,6 @@ class ClientSession(asyncio.Protocol):
         certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if certificate is not None and listener.client_auth != "none":
             # Verified: OpenSSL fails the handshake on a presented certificate that does not verify.
-            from protocol.tls_identity import principal_from_certificate
-
             principal = principal_from_certificate(certificate, listener.principal_mapper)
             if principal is None:
                 self.close("its certificate's subject matches no rule of tls.principal_mapping_rules "
