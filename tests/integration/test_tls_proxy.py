@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -157,7 +158,7 @@ def round_trip_librdkafka(conf: dict[str, Any], proxy: RunningProxy, cluster: Lo
     produce_known_records(conf, topic, COUNT)
     assert_exact(read_all(conf, topic, COUNT), COUNT)
     brokers = AdminClient(conf).list_topics(timeout=10).brokers.values()
-    assert_proxy_addresses([(b.id, b.host, b.port) for b in brokers], proxy.port, cluster.node_ids, real)
+    assert_proxy_addresses([(b.id, str(b.host), b.port) for b in brokers], proxy.port, cluster.node_ids, real)
 
 
 def api_versions(sock: socket.socket, correlation_id: int) -> int:

@@ -12,9 +12,9 @@ import logging
 import os
 import shutil
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvloop
@@ -245,7 +245,8 @@ class Handshakes:
                 start_server_tls(transport, self, handshakes.context(), handshakes.timeout_s, self.done)
 
             def done(self, transport: asyncio.BaseTransport | None, exc: BaseException | None) -> None:
-                self.transport = transport
+                # uvloop's transports are not asyncio.WriteTransport subclasses, only alike
+                self.transport = cast("asyncio.WriteTransport | None", transport)
                 if transport is None:
                     assert exc is not None
                     handshakes.outcomes.put_nowait(("failed", exc))
@@ -254,7 +255,8 @@ class Handshakes:
                 handshakes.outcomes.put_nowait(("ok", ssl_object.getpeercert(binary_form=True)))
 
             def data_received(self, data: bytes) -> None:
-                self.transport.write(data)  # type: ignore[attr-defined]
+                assert self.transport is not None
+                self.transport.write(data)
 
         self.server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
@@ -269,7 +271,7 @@ class Handshakes:
         return await asyncio.open_connection("127.0.0.1", self.port, ssl=context, server_hostname=hostname)
 
 
-def run(coroutine: Callable[[], Awaitable[None]]) -> None:
+def run(coroutine: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(coroutine())
 
 
