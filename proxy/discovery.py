@@ -1,12 +1,14 @@
 """Asking the cluster for its brokers at start-up, so every broker port is open before clients come.
 
-Only works on listeners that need no authentication; on SASL listeners the proxy learns the
-brokers from the first Metadata response a client receives instead.
+Works on listeners that need no authentication, over TLS too (`[upstream_tls]`); on SASL
+listeners the proxy learns the brokers from the first Metadata response a client receives instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
@@ -19,12 +21,16 @@ from protocol.headers import encode_request_header
 _VERSION = 9
 
 
-async def fetch_brokers(host: str, port: int, timeout: float = 5.0) -> dict[int, Address]:
-    """Brokers (node id -> address) listed by one upstream server."""
+async def fetch_metadata(host: str, port: int, tls: ssl.SSLContext | None = None, timeout: float = 5.0,
+                         client_id: str = "kthrottle-discovery") -> Any:
+    """One Metadata v9 answer (no topics) from one upstream server, over TLS with `tls` (the
+    broker's certificate checked against `host`, as for client connections)."""
     body = MetadataRequest[_VERSION](topics=[], allow_auto_topic_creation=False,
                                      include_topic_authorized_operations=False).encode()
-    request = encode_request_header(ApiKey.METADATA, _VERSION, 1, "kthrottle-discovery") + bytes(body)
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    request = encode_request_header(ApiKey.METADATA, _VERSION, 1, client_id) + bytes(body)
+    connecting = (asyncio.open_connection(host, port, ssl=tls, server_hostname=host) if tls is not None
+                  else asyncio.open_connection(host, port))
+    reader, writer = await asyncio.wait_for(connecting, timeout)
     try:
         writer.write(frame(request))
         size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), timeout), "big")
@@ -32,15 +38,21 @@ async def fetch_brokers(host: str, port: int, timeout: float = 5.0) -> dict[int,
     finally:
         writer.close()
     # Response header v1: correlation id and an empty tagged-field section.
-    metadata = MetadataResponse.decode(memoryview(response)[5:], version=_VERSION)
+    return MetadataResponse.decode(memoryview(response)[5:], version=_VERSION)
+
+
+async def fetch_brokers(host: str, port: int, tls: ssl.SSLContext | None = None,
+                        timeout: float = 5.0) -> dict[int, Address]:
+    """Brokers (node id -> address) listed by one upstream server."""
+    metadata = await fetch_metadata(host, port, tls, timeout)
     return {broker.node_id: (broker.host, broker.port) for broker in metadata.brokers}
 
 
-async def discover_brokers(upstream: list[Address]) -> dict[int, Address]:
+async def discover_brokers(upstream: list[Address], tls: ssl.SSLContext | None = None) -> dict[int, Address]:
     errors = []
     for host, port in upstream:
         try:
-            return await fetch_brokers(host, port)
+            return await fetch_brokers(host, port, tls)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
     raise ConnectionError("; ".join(errors))

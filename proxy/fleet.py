@@ -21,19 +21,16 @@ import asyncio
 import logging
 import secrets
 import socket
+import ssl
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, cast
 
 import asyncio_dgram
-from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config.fleet import FleetSettings, check_name
 from config.settings import Address, ProxySettings, SettingsError
-from protocol.apis import ApiKey
-from protocol.frames import frame
-from protocol.headers import encode_request_header
 from quotas.engine import QuotaEngine
 from quotas.fleet import (
     MAX_DATAGRAM_BYTES,
@@ -47,6 +44,7 @@ from quotas.fleet import (
     encode_usage,
 )
 
+from .discovery import fetch_metadata
 from .membership import Membership, StaticMembership, ZooKeeperMembership
 
 if TYPE_CHECKING:
@@ -448,37 +446,28 @@ class FleetExchange:
 # -- start-up ---------------------------------------------------------------------------------------
 
 
-async def fetch_cluster_id(upstream: list[Address], timeout: float = 5.0) -> str:
-    """The cluster id, from a Metadata v9 answer of the first bootstrap server that gives one."""
+async def fetch_cluster_id(upstream: list[Address], tls: ssl.SSLContext | None = None,
+                           timeout: float = 5.0) -> str:
+    """The cluster id, from a Metadata answer of the first bootstrap server that gives one."""
     errors = []
     for host, port in upstream:
         try:
-            body = MetadataRequest[9](topics=[], allow_auto_topic_creation=False,
-                                      include_topic_authorized_operations=False).encode()
-            request = encode_request_header(ApiKey.METADATA, 9, 1, "kthrottle-fleet") + bytes(body)
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-            try:
-                writer.write(frame(request))
-                size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), timeout), "big")
-                response = await asyncio.wait_for(reader.readexactly(size), timeout)
-            finally:
-                writer.close()
-            cluster_id = MetadataResponse.decode(memoryview(response)[5:], version=9).cluster_id
-            if cluster_id:
-                return str(cluster_id)
+            metadata = await fetch_metadata(host, port, tls, timeout, client_id="kthrottle-fleet")
+            if metadata.cluster_id:
+                return str(metadata.cluster_id)
             errors.append(f"{host}:{port}: no cluster id")
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
     raise ConnectionError("; ".join(errors))
 
 
-async def _fleet_name(settings: ProxySettings, fleet: FleetSettings) -> str:
+async def _fleet_name(settings: ProxySettings, fleet: FleetSettings, tls: ssl.SSLContext | None) -> str:
     if fleet.name is not None:
         return fleet.name
     deadline = time.monotonic() + CLUSTER_ID_TIMEOUT_S
     while True:
         try:
-            return check_name(await fetch_cluster_id(settings.upstream), "the cluster id")
+            return check_name(await fetch_cluster_id(settings.upstream, tls), "the cluster id")
         except ConnectionError as exc:
             if time.monotonic() > deadline:
                 raise SettingsError(f"fleet.name is not set and the cluster id (its default) could not be "
@@ -490,7 +479,8 @@ async def start_fleet(settings: ProxySettings, server: ProxyServer) -> FleetExch
     """Join the fleet of `settings.fleet`: membership, exchange, and the peers' state before clients."""
     fleet = settings.fleet
     assert fleet is not None
-    name = await _fleet_name(settings, fleet)
+    upstream_tls = server.tls.upstream if server.tls is not None else None
+    name = await _fleet_name(settings, fleet, upstream_tls.current if upstream_tls is not None else None)
     membership: Membership
     if fleet.membership == "zookeeper":
         assert fleet.zookeeper is not None

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,7 +87,8 @@ class Member(RunningProxy):
     """`kthrottle run` with a `[fleet]` table (or `--workers N`), a quota file and metrics."""
 
     def __init__(self, upstream: str, workdir: Path, quotas: str, *, udp_port: int | None = None,
-                 peers: list[str] | None = None, fleet: str = "", workers: int = 1) -> None:
+                 peers: list[str] | None = None, fleet: str = "", workers: int = 1,
+                 name: str | None = FLEET, upstream_tls: str = "") -> None:
         self.workers = workers
         self.metrics_port = free_port_block(workers, start=40000)
         self.udp_port = udp_port
@@ -98,9 +100,10 @@ class Member(RunningProxy):
                 secret.write_text(os.urandom(32).hex() + "\n")
             self.secret = secret.read_bytes().strip()
             peer_list = ", ".join(f'"{peer}"' for peer in peers or [])
-            text += (f'[fleet]\nname = "{FLEET}"\nlisten = "127.0.0.1:{udp_port}"\n'
+            named = f'name = "{name}"\n' if name is not None else ""
+            text += (f'[fleet]\n{named}listen = "127.0.0.1:{udp_port}"\n'
                      f'secret_file = "{secret}"\n{fleet or f"peers = [{peer_list}]"}\n\n')
-        config.write_text(text + quotas + "\n")
+        config.write_text(text + upstream_tls + quotas + "\n")
         args = ["--config", str(config), "--metrics-port", str(self.metrics_port)]
         if workers > 1:
             args += ["--workers", str(workers)]
@@ -609,6 +612,32 @@ def test_a_member_whose_zookeeper_session_expired_registers_again(kafka_cluster:
         log = cut_off.log()
         assert "ZooKeeper session lost" in log, log[-3000:]
         assert relay.refused > 0
+
+
+@pytest.mark.parametrize("over", ["plaintext", "tls"])
+def test_members_without_a_name_find_each_other_by_the_cluster_id(kafka_cluster: LocalKafka, tmp_path: Path,
+                                                                  over: str) -> None:
+    """No fleet.name: each member reads the cluster id from its upstream (over TLS with
+    [upstream_tls]) and names the fleet after it, so two proxies in front of one cluster form one
+    fleet with nothing but each other's address configured."""
+    (tmp_path / "fleet.secret").write_text(os.urandom(32).hex())
+    upstream, tls = kafka_cluster.bootstrap, ""
+    if over == "tls":
+        assert kafka_cluster.ssl_bootstrap is not None and kafka_cluster.certificates is not None
+        upstream = kafka_cluster.ssl_bootstrap
+        tls = f'[upstream_tls]\nca = "{kafka_cluster.certificates.ca}"\n\n'
+    ports = [free_udp_port(), free_udp_port()]
+    with ExitStack() as stack:
+        members = []
+        for port, other in zip(ports, reversed(ports), strict=True):
+            member = Member(upstream, tmp_path, quota_text(producer_byte_rate=QUOTA), udp_port=port,
+                            peers=[f"127.0.0.1:{other}"], name=None, upstream_tls=tls)
+            stack.callback(member.stop)
+            members.append(member)
+        for member in members:
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 2, 15, "2 members")
+            assert f"fleet {kafka_cluster.cluster_id!r}: member" in member.log()
+        assert not any(members[0].rejected().values()), members[0].rejected()
 
 
 # -- consumers ------------------------------------------------------------------------------------------
