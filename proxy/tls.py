@@ -225,6 +225,11 @@ _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_P
                               "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTPS_PROXY_REQUEST"})
 
 
+#: OpenSSL's reasons for a client whose TLS versions are all below the listener's minimum.
+_VERSION_REASONS = frozenset({"UNSUPPORTED_PROTOCOL", "NO_PROTOCOLS_AVAILABLE",
+                              "TLSV1_ALERT_PROTOCOL_VERSION"})
+
+
 def describe_handshake_error(exc: BaseException, timeout_ms: int) -> tuple[str, str]:
     """(metric label, log text) for a client handshake that failed."""
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -235,6 +240,10 @@ def describe_handshake_error(exc: BaseException, timeout_ms: int) -> tuple[str, 
         return ("tls_plaintext_client",
                 f"not a TLS handshake on a TLS listener ({exc.reason}): the client speaks plaintext "
                 "(it needs security.protocol=SSL or SASL_SSL)")
+    if isinstance(exc, ssl.SSLError) and exc.reason in _VERSION_REASONS:
+        return ("tls_handshake_failed",
+                "TLS handshake refused: the client offers no TLS version the listener accepts "
+                f"({exc.reason}; see tls.min_version)")
     if isinstance(exc, ssl.SSLError) and exc.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
         return ("tls_no_certificate",
                 'TLS handshake refused: the client sent no certificate and tls.client_auth = "required"')

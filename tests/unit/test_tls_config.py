@@ -365,6 +365,22 @@ def test_a_required_certificate_must_be_presented(certs: TestCertificates) -> No
     run(main)
 
 
+def test_a_client_below_min_version_is_named(certs: TestCertificates) -> None:
+    context = server_context(parse_tls_table(listener_table(certs, min_version="TLSv1.3")))
+    old_client = client_context(certs)
+    old_client.maximum_version = ssl.TLSVersion.TLSv1_2
+
+    async def main() -> None:
+        async with Handshakes(lambda: context) as server:
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                await server.connect(old_client)
+            kind, exc = await server.outcomes.get()
+            assert kind == "failed"
+            label, text = describe_handshake_error(exc, 5000)
+            assert label == "tls_handshake_failed" and "no TLS version the listener accepts" in text
+    run(main)
+
+
 def test_a_plaintext_kafka_client_on_a_tls_listener_is_named(certs: TestCertificates) -> None:
     context = server_context(parse_tls_table(listener_table(certs)))
     api_versions = bytes.fromhex("00000015" "0012" "0003" "00000001" "0007" "6b61666b612d6a" "00")
