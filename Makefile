@@ -55,6 +55,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.hardening
 	$(PY) -m bench.metadata_load
 	$(PY) -m bench.fleet
+	$(PY) -m bench.tls
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -185,7 +185,8 @@ def partition_leader(admin: AdminClient, topic: str, partition: int) -> int:
 # -- produce and consume ------------------------------------------------------------------------
 
 
-def produce(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, int, float]:
+def produce(path: str, bootstrap: str, topic: str, records: int,
+            config: dict[str, object] | None = None) -> tuple[int, int, float]:
     """Send `records` keyed 10 KB records with librdkafka and wait for every acknowledgement.
 
     Returns (records, payload bytes, seconds). The clock starts after the producer has fetched metadata
@@ -201,6 +202,7 @@ def produce(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, i
         "enable.idempotence": False,
         "queue.buffering.max.kbytes": 1_048_576,
         "queue.buffering.max.messages": max(100_000, records),
+        **(config or {}),
     })
     producer.list_topics(topic, timeout=ADMIN_TIMEOUT_S)
     value = os.urandom(RECORD_BYTES)
@@ -236,7 +238,8 @@ def produce(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, i
     return records, records * (RECORD_BYTES + KEY_BYTES), seconds
 
 
-def consume(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, int, float]:
+def consume(path: str, bootstrap: str, topic: str, records: int,
+            config: dict[str, object] | None = None) -> tuple[int, int, float]:
     """Read the whole topic from the beginning with librdkafka; check every record arrives once.
 
     Returns (records timed, their payload bytes, seconds). Partitions are assigned, not
@@ -259,6 +262,7 @@ def consume(path: str, bootstrap: str, topic: str, records: int) -> tuple[int, i
         # slower. Room for the whole topic and a short backoff measure the fetch path instead.
         "queued.max.messages.kbytes": 1_048_576,
         "fetch.queue.backoff.ms": 10,
+        **(config or {}),
     })
     try:
         consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S)

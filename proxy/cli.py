@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     local = sub.add_parser("local-kafka", help="run a real local Kafka cluster in the foreground")
     local.add_argument("--brokers", type=int, default=3)
     local.add_argument("--sasl", action="store_true", help="add a SASL_PLAINTEXT listener with users")
+    local.add_argument("--tls", action="store_true",
+                       help="add SSL and SASL_SSL listeners (a test CA and certificates are generated)")
     local.set_defaults(func=None)
 
     quotas = sub.add_parser("quotas",
@@ -317,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "local-kafka":
         from harness import local_kafka
 
-        forwarded = [f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else []) + rest
+        forwarded = ([f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else [])
+                     + (["--tls"] if args.tls else []) + rest)
         return local_kafka.main(forwarded)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

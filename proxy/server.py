@@ -671,12 +671,11 @@ class ProxyServer:
         self._serving.append(loop.create_task(
             loop.create_server(lambda: ClientSession(self, None), sock=sock)))
         reachable = await self.health.probe()
-        if reachable and self.settings.upstream_tls is not None:
-            # Discovery speaks plaintext; over TLS the brokers are learned from client metadata.
-            log.info("broker discovery skipped (upstream TLS); brokers are learned from client metadata")
-        elif reachable:
+        if reachable:
+            upstream_tls = self.tls.upstream if self.tls is not None else None
             try:
-                brokers = await discover_brokers(self.settings.upstream)
+                brokers = await discover_brokers(self.settings.upstream,
+                                                 upstream_tls.current if upstream_tls is not None else None)
             except Exception as exc:  # SASL-only listeners: learn brokers from client traffic instead
                 log.info("broker discovery skipped (%s); brokers are learned from client metadata",
                          describe_error(exc, 5))
