@@ -605,6 +605,10 @@ class LocalKafka:
             "group.initial.rebalance.delay.ms": 0,
             "broker.heartbeat.interval.ms": 500,
             "log.segment.bytes": 64 * 1024 * 1024,
+            # Keep every record for the cluster's life: tests write records with fixed old timestamps
+            # (2023), which the default 7-day retention would delete whenever its 5-minute check fell
+            # mid-test, leaving a reader OFFSET_OUT_OF_RANGE.
+            "log.retention.ms": -1,
         }
         sasl_listeners = [
             name for name, on in (("sasl_plaintext", self.sasl), ("sasl_ssl", self.tls)) if on
