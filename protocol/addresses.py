@@ -8,6 +8,18 @@ Metadata and DescribeCluster responses can be large (every topic and partition o
 only their brokers array is read (`broker_array.py`) and each (host, port) pair is replaced in
 place: the cost does not grow with the topics, and the rest goes on byte for byte. FindCoordinator
 answers are small and Produce/Fetch NodeEndpoints rare, so those are decoded and re-encoded.
+ShareFetch and ShareAcknowledge (no kafka-python class) have their NodeEndpoints found by a
+hand-written reader and spliced like a brokers array; DescribeQuorum's controller listeners are
+removed, since no proxy listener stands for a controller (`node_endpoints.py`).
+
+Every other response of Kafka 4.3.1 that names a host is left alone because the host is not a
+broker's: ClientHost in DescribeGroups, ConsumerGroupDescribe, ShareGroupDescribe and
+StreamsGroupDescribe is the client's (as the broker saw it: the proxy's), Host in DescribeAcls and
+DeleteAcls is an ACL pattern, and StreamsGroupHeartbeat/StreamsGroupDescribe Endpoints are the
+Kafka Streams instances' own `application.server` addresses. Vote, BeginQuorumEpoch,
+EndQuorumEpoch, FetchSnapshot and UpdateRaftVoter do carry controller addresses, but only
+controllers serve them (their schemas' "listeners" lack "broker"), so they never come through a
+broker connection.
 """
 
 from __future__ import annotations
@@ -16,24 +28,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .apis import KNOWN_APIS, ApiKey
+from .apis import KNOWN_APIS, ApiKey, api_name
 from .broker_array import BrokerArray, describe_cluster_brokers, encode_address, metadata_brokers
-from .errors import MalformedBody
+from .errors import MalformedBody, MalformedHeader
 from .headers import response_body_offset
+from .node_endpoints import share_node_endpoints, strip_quorum_nodes
 from .skim import fetch_response_has_tags, produce_response_has_tags
 
 Address = tuple[str, int]
 #: node id -> the proxy address clients must use for it
 Advertise = Callable[[int], Address]
 
-#: APIs whose responses carry broker addresses, with the first version that may carry them
-#: (KIP-951 NodeEndpoints appear in Produce v10+ and Fetch v16+).
+#: APIs whose responses carry broker (or controller) addresses, with the first version that may
+#: carry them: KIP-951 NodeEndpoints appear in Produce v10+ and Fetch v16+, KIP-932's in every
+#: ShareFetch and ShareAcknowledge version, KIP-853's controller Nodes in DescribeQuorum v2+.
 ADDRESS_BEARING: dict[int, int] = {
     ApiKey.METADATA: 0,
     ApiKey.FIND_COORDINATOR: 0,
     ApiKey.DESCRIBE_CLUSTER: 0,
     ApiKey.PRODUCE: 10,
     ApiKey.FETCH: 16,
+    ApiKey.DESCRIBE_QUORUM: 2,
+    ApiKey.SHARE_FETCH: 0,
+    ApiKey.SHARE_ACKNOWLEDGE: 0,
 }
 
 
@@ -82,15 +99,23 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
                       advertise: Advertise) -> RewriteResult:
     """Rewrite every broker address in a response frame (header included, size prefix not).
 
-    Responses without addresses (most Produce and Fetch responses) come back as the very same
-    bytes, so nothing is re-encoded on the hot path unless it must be.
+    Responses without addresses (most Produce, Fetch and ShareFetch responses) come back as the
+    very same bytes, so nothing is re-encoded on the hot path unless it must be.
     """
-    spec = KNOWN_APIS[api_key]
-    start = response_body_offset(frame, header_version)
+    try:
+        start = response_body_offset(frame, header_version)
+    except MalformedHeader as exc:
+        raise MalformedHeader(f"{api_name(api_key)} v{api_version} response header: {exc}") from None
     if api_key == ApiKey.METADATA:
         return _splice_brokers(frame, metadata_brokers(frame, start, api_version), advertise)
     if api_key == ApiKey.DESCRIBE_CLUSTER:
         return _splice_brokers(frame, describe_cluster_brokers(frame, start, api_version), advertise)
+    if api_key in (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE):
+        return _splice_brokers(frame, share_node_endpoints(api_key, frame, start, api_version), advertise)
+    if api_key == ApiKey.DESCRIBE_QUORUM:
+        # Controllers' addresses: removed, not reported (the proxy opens no listener for them).
+        return RewriteResult(strip_quorum_nodes(frame, start, api_version))
+    spec = KNOWN_APIS[api_key]
     # NodeEndpoints is a top-level tagged field: a Produce or Fetch response without any (the
     # broker adds them only when a leader moved) goes on untouched, skimmed but not decoded.
     if api_key == ApiKey.PRODUCE and not produce_response_has_tags(frame, start, api_version):

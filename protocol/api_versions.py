@@ -1,8 +1,12 @@
 """ApiVersions: clamping the broker's answer to what the proxy can handle.
 
-The proxy must be able to frame and patch every API a client uses, and decode the ones it
-rewrites, so it advertises the intersection of the broker's ranges and the schema ranges it
-ships with. API keys it has no schema for are left out: a client then does not use them.
+For an API it knows (a kafka-python schema) the proxy may have to patch the throttle field or
+decode the body, so it advertises the intersection of the broker's range and its schema's. An API
+whose body must be read by hand for broker addresses (ShareFetch, ShareAcknowledge, DescribeQuorum)
+is offered only in the versions that reader knows. Every other API key passes with the broker's
+own range: the proxy forwards it opaque (headers are read the same way whatever the API, and
+responses matched by correlation id), so a Kafka 4 client finds KIP-848 consumer groups, share
+groups, client telemetry and whatever a newer broker adds, as it would on the broker.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from .apis import KNOWN_APIS, ApiKey, ApiSpec
 from .client_quotas import QUOTA_ADMIN_APIS
 from .headers import encode_response_header
+from .node_endpoints import READABLE_VERSIONS
 from .skim import decode_strict
 
 #: Kafka's UNSUPPORTED_VERSION error code.
@@ -26,11 +31,16 @@ OFFERED_MAX_VERSION: dict[int, int] = {ApiKey.FETCH: 15}
 
 
 def offered_range(api_key: int) -> tuple[int, int] | None:
-    """The version range the proxy offers for an API key (None: unknown key, not offered)."""
+    """The versions the proxy can handle for an API key; None: any (forwarded opaque)."""
     spec = KNOWN_APIS.get(api_key)
+    readable = READABLE_VERSIONS.get(api_key)
     if spec is None:
-        return None
-    return spec.min_version, min(spec.max_version, OFFERED_MAX_VERSION.get(api_key, spec.max_version))
+        return readable
+    low = spec.min_version
+    high = min(spec.max_version, OFFERED_MAX_VERSION.get(api_key, spec.max_version))
+    if readable is not None:
+        low, high = max(low, readable[0]), min(high, readable[1])
+    return low, high
 
 
 def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
@@ -49,6 +59,7 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
     for entry in message.api_keys:
         offered = offered_range(entry.api_key)
         if offered is None:
+            kept.append(entry)  # forwarded opaque: the broker's range as it is
             continue
         if entry.api_key in missing_local:
             # The proxy answers the quota admin APIs itself, whatever the brokers support.

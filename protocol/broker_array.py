@@ -8,7 +8,9 @@ same for ten topics or ten thousand, and keeps whatever follows (topics, tagged 
 proxy has no schema for) exactly as the broker sent it.
 
 The field order follows Kafka's `MetadataResponse.json` and `DescribeClusterResponse.json`.
-Anything that does not add up raises `MalformedBody` naming the field and offset.
+Anything that does not add up raises `MalformedBody` naming the field and offset. The field readers
+(`read_int`, `read_string`, `skip_tagged`, `read_brokers`...) serve the other hand-written body
+readers too (`node_endpoints.py`).
 """
 
 from __future__ import annotations
@@ -57,90 +59,93 @@ class BrokerArray:
     end: int
 
 
-class _Malformed(Exception):
-    """A reader's complaint; the public functions add the API, version and frame size."""
+class FieldError(Exception):
+    """A reader's complaint naming the field and offset; callers add the API, version and frame size
+    when they turn it into `MalformedBody`."""
 
 
-def _int(frame: bytes, pos: int, width: int, what: str) -> tuple[int, int]:
+def read_int(frame: bytes, pos: int, width: int, what: str) -> tuple[int, int]:
     end = pos + width
     if end > len(frame):
-        raise _Malformed(f"{what} ({width} bytes at offset {pos}) runs past the end")
+        raise FieldError(f"{what} ({width} bytes at offset {pos}) runs past the end")
     return int.from_bytes(frame[pos:end], "big", signed=True), end
 
 
-def _uvarint(frame: bytes, pos: int, what: str) -> tuple[int, int]:
+def read_uvarint_field(frame: bytes, pos: int, what: str) -> tuple[int, int]:
     try:
         return read_uvarint(frame, pos)
     except MalformedHeader as exc:
-        raise _Malformed(f"{what} at offset {pos}: {exc}") from None
+        raise FieldError(f"{what} at offset {pos}: {exc}") from None
 
 
-def _length(frame: bytes, pos: int, flexible: bool, width: int, what: str) -> tuple[int, int]:
+def read_length(frame: bytes, pos: int, flexible: bool, width: int, what: str) -> tuple[int, int]:
     """A length or count: compact (uvarint of length + 1, 0 is null) or a signed `width`-byte int.
 
     Null comes back as -1, as in the classic encoding.
     """
     if flexible:
-        value, end = _uvarint(frame, pos, what)
+        value, end = read_uvarint_field(frame, pos, what)
         return value - 1, end
-    return _int(frame, pos, width, what)
+    return read_int(frame, pos, width, what)
 
 
-def _string(frame: bytes, pos: int, flexible: bool, nullable: bool, what: str) -> tuple[int, int]:
+def read_string(frame: bytes, pos: int, flexible: bool, nullable: bool, what: str) -> tuple[int, int]:
     """Where a string's bytes start and end; a null (where allowed) is an empty span."""
-    length, start = _length(frame, pos, flexible, 2, f"{what} length")
+    length, start = read_length(frame, pos, flexible, 2, f"{what} length")
     if length < 0:
         if length == -1 and nullable:
             return start, start
-        raise _Malformed(f"{what} has length {length} at offset {pos}")
+        raise FieldError(f"{what} has length {length} at offset {pos}")
     end = start + length
     if end > len(frame):
-        raise _Malformed(f"{what} of {length} bytes at offset {start} runs past the end")
+        raise FieldError(f"{what} of {length} bytes at offset {start} runs past the end")
     return start, end
 
 
-def _read_host(frame: bytes, pos: int, flexible: bool, what: str) -> tuple[str, int]:
-    start, end = _string(frame, pos, flexible, False, what)
+def read_host(frame: bytes, pos: int, flexible: bool, what: str) -> tuple[str, int]:
+    start, end = read_string(frame, pos, flexible, False, what)
     try:
         return frame[start:end].decode("utf-8"), end
     except UnicodeDecodeError as exc:
-        raise _Malformed(f"{what} at offset {start} is not UTF-8: {exc.reason}") from None
+        raise FieldError(f"{what} at offset {start} is not UTF-8: {exc.reason}") from None
 
 
-def _skip_tagged_fields(frame: bytes, pos: int, what: str) -> int:
-    count, pos = _uvarint(frame, pos, f"{what} tagged field count")
+def skip_tagged(frame: bytes, pos: int, what: str) -> int:
+    count, pos = read_uvarint_field(frame, pos, f"{what} tagged field count")
     for _ in range(count):
-        _tag, pos = _uvarint(frame, pos, f"{what} tag")
-        size, pos = _uvarint(frame, pos, f"{what} tagged field size")
+        _tag, pos = read_uvarint_field(frame, pos, f"{what} tag")
+        size, pos = read_uvarint_field(frame, pos, f"{what} tagged field size")
         pos += size
         if pos > len(frame):
-            raise _Malformed(f"{what} tagged field of {size} bytes runs past the end")
+            raise FieldError(f"{what} tagged field of {size} bytes runs past the end")
     return pos
 
 
-def _brokers(frame: bytes, pos: int, flexible: bool, rack: bool, is_fenced: bool) -> BrokerArray:
+def read_brokers(frame: bytes, pos: int, flexible: bool, rack: bool, is_fenced: bool,
+                 array: str = "brokers", entry: str = "broker") -> BrokerArray:
     """The brokers array at `pos`: node id, host, port, then rack, IsFenced and tagged fields where
-    the version has them (every one of those is stepped over, never rewritten)."""
+    the version has them (every one of those is stepped over, never rewritten). `array` and `entry`
+    name them in errors (NodeEndpoints have the same layout)."""
     start = pos
-    count, pos = _length(frame, pos, flexible, 4, "brokers array count")
+    count, pos = read_length(frame, pos, flexible, 4, f"{array} array count")
     if count < 0:
         # Kafka's schemas do not let Brokers be null: its readers fail such a response too.
-        raise _Malformed(f"brokers array count {count} at offset {start}")
+        raise FieldError(f"{array} array count {count} at offset {start}")
     if count * MIN_BROKER_BYTES > len(frame) - pos:
-        raise _Malformed(f"brokers array of {count} entries in the {len(frame) - pos} bytes left")
+        raise FieldError(f"{array} array of {count} entries in the {len(frame) - pos} bytes left")
     brokers: list[BrokerAddress] = []
     for index in range(count):
-        what = f"broker {index} of {count}"
-        node_id, address_start = _int(frame, pos, 4, f"{what} node id")
-        host, pos = _read_host(frame, address_start, flexible, f"{what} host")
-        port, pos = _int(frame, pos, 4, f"{what} port")
+        what = f"{entry} {index} of {count}"
+        node_id, address_start = read_int(frame, pos, 4, f"{what} node id")
+        host, pos = read_host(frame, address_start, flexible, f"{what} host")
+        port, pos = read_int(frame, pos, 4, f"{what} port")
         brokers.append(BrokerAddress(node_id, host, port, address_start, pos))
         if rack:
-            _rack, pos = _string(frame, pos, flexible, True, f"{what} rack")
+            _rack, pos = read_string(frame, pos, flexible, True, f"{what} rack")
         if is_fenced:
-            _fenced, pos = _int(frame, pos, 1, f"{what} IsFenced")
+            _fenced, pos = read_int(frame, pos, 1, f"{what} IsFenced")
         if flexible:
-            pos = _skip_tagged_fields(frame, pos, what)
+            pos = skip_tagged(frame, pos, what)
     return BrokerArray(brokers, flexible, start, pos)
 
 
@@ -152,10 +157,10 @@ def metadata_brokers(frame: bytes, body_offset: int, version: int) -> BrokerArra
     pos = body_offset + (4 if version >= METADATA_FIRST_THROTTLE else 0)
     try:
         if pos > len(frame):
-            raise _Malformed("the body ends before the brokers array")
-        return _brokers(frame, pos, version >= METADATA_FIRST_FLEXIBLE,
-                        rack=version >= METADATA_FIRST_RACK, is_fenced=False)
-    except _Malformed as exc:
+            raise FieldError("the body ends before the brokers array")
+        return read_brokers(frame, pos, version >= METADATA_FIRST_FLEXIBLE,
+                            rack=version >= METADATA_FIRST_RACK, is_fenced=False)
+    except FieldError as exc:
         raise MalformedBody(f"Metadata v{version} response of {len(frame)} bytes does not parse: {exc}") \
             from None
 
@@ -168,16 +173,16 @@ def describe_cluster_brokers(frame: bytes, body_offset: int, version: int) -> Br
     """
     try:
         pos = body_offset + 6  # throttle time, error code
-        _message, pos = _string(frame, pos, True, True, "error message")
+        _message, pos = read_string(frame, pos, True, True, "error message")
         if version >= DESCRIBE_CLUSTER_FIRST_ENDPOINT_TYPE:
             pos += 1
-        _cluster_id, pos = _string(frame, pos, True, False, "cluster id")
+        _cluster_id, pos = read_string(frame, pos, True, False, "cluster id")
         pos += 4  # controller id
         if pos > len(frame):
-            raise _Malformed("the body ends before the brokers array")
-        return _brokers(frame, pos, True, rack=True,
-                        is_fenced=version >= DESCRIBE_CLUSTER_FIRST_IS_FENCED)
-    except _Malformed as exc:
+            raise FieldError("the body ends before the brokers array")
+        return read_brokers(frame, pos, True, rack=True,
+                            is_fenced=version >= DESCRIBE_CLUSTER_FIRST_IS_FENCED)
+    except FieldError as exc:
         raise MalformedBody(
             f"DescribeCluster v{version} response of {len(frame)} bytes does not parse: {exc}") from None
 

@@ -51,6 +51,8 @@ from .headers import (
 )
 from .in_flight import InFlight, take_local_responses
 from .in_flight import size_prefix as _size
+from .node_endpoints import READABLE_VERSIONS
+from .opaque import charge_opaque_response, share_fetch_max_wait_ms
 from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
@@ -348,6 +350,13 @@ class ProxyConnection:
                         f"{spec.name} v{header.api_version} is above v{spec.max_version}, the newest "
                         "the proxy can decode (the client ignored the ApiVersions answer)"
                     )
+            readable = READABLE_VERSIONS.get(header.api_key)
+            if readable is not None and not readable[0] <= header.api_version <= readable[1]:
+                # Its response names broker addresses where only a known layout can find them.
+                raise UnsupportedVersion(
+                    f"{api_name(header.api_key)} v{header.api_version} is outside v{readable[0]} to "
+                    f"v{readable[1]}, the versions whose broker addresses the proxy can rewrite "
+                    "(the client ignored the ApiVersions answer)")
             expects_response = True
             entry.sent_ms = self._now_ms
             entry.request_bytes = len(frame)
@@ -364,7 +373,9 @@ class ProxyConnection:
                                           request, self.principal))
                 return actions
             if self.policy is not None and header.api_key not in REQUEST_QUOTA_EXEMPT:
-                hold = self.policy.hold_ms(self.principal, header.client_id or "", header.api_key,
+                # ShareFetch waits on the fetch bucket as Fetch does: Kafka charges it to the fetch quota.
+                bucket_key = ApiKey.FETCH if header.api_key == ApiKey.SHARE_FETCH else header.api_key
+                hold = self.policy.hold_ms(self.principal, header.client_id or "", bucket_key,
                                            int(self._now_ms))
                 if hold > 0:
                     # The bucket is throttled (maybe on another connection): this request and
@@ -383,6 +394,8 @@ class ProxyConnection:
                         self._mute(throttle, actions)
             elif header.api_key == ApiKey.FETCH and self.policy is not None:
                 frame = prepare_fetch(self.policy, self.principal, entry, frame, header)
+            elif header.api_key == ApiKey.SHARE_FETCH and self.policy is not None:
+                entry.max_wait_ms = max(share_fetch_max_wait_ms(frame, header), 0)  # a long poll, as Fetch's
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
                 sasl.handshake_request(frame, header)
             elif header.api_key == ApiKey.SASL_AUTHENTICATE:
@@ -434,8 +447,8 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             throttle_ms = mute_ms = 0
             if self.policy is not None:
-                frame, throttle_ms, mute_ms = charge_response(self.policy, self.principal, entry, frame,
-                                                              self._now_ms)
+                charge = charge_response if entry.api_key in KNOWN_APIS else charge_opaque_response
+                frame, throttle_ms, mute_ms = charge(self.policy, self.principal, entry, frame, self._now_ms)
             if self.observer is not None:  # what the client gets: a throttled Fetch goes out empty
                 self.observer(entry.api_key, entry.request_bytes, len(frame), self._now_ms - entry.sent_ms)
             if throttle_ms > 0:

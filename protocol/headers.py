@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .apis import KNOWN_APIS, api_name
+from .apis import KNOWN_APIS, OPAQUE_APIS, api_name
 from .errors import MalformedHeader
 
 
@@ -18,7 +18,9 @@ class RequestHeader(NamedTuple):
     api_version: int
     correlation_id: int
     client_id: str | None
-    #: Offset of the body in the frame, or -1 when the API is unknown (its header format is not).
+    #: Offset of the body in the frame, or -1 when no schema describes the API (its header format
+    #: is then unknown: v1 and v2 differ only by the tagged fields after the client id, so
+    #: everything above is read the same way in both).
     body_offset: int
 
 
@@ -95,7 +97,7 @@ def parse_request_header(frame: bytes) -> RequestHeader:
         pos = end
     elif client_len != -1:
         raise MalformedHeader(f"client id length {client_len} is negative")
-    spec = KNOWN_APIS.get(api_key)
+    spec = KNOWN_APIS.get(api_key) or OPAQUE_APIS.get(api_key)
     if spec is None:
         return RequestHeader(api_key, api_version, correlation_id, client_id, -1)
     if spec.request_header_version(api_version) >= 2:

@@ -1,8 +1,9 @@
 """Response bodies the client must see differently from what the broker sent.
 
 Broker addresses point at the proxy's listeners (Metadata, FindCoordinator, DescribeCluster,
-NodeEndpoints), and ApiVersions offers no version above what the proxy can decode. Kept apart
-from the connection so each rewrite stays one small rule; every other response passes untouched.
+NodeEndpoints of Produce, Fetch, ShareFetch and ShareAcknowledge), DescribeQuorum names no
+controller, and ApiVersions offers no version above what the proxy can handle. Kept apart from the
+connection so each rewrite stays one small rule; every other response passes untouched.
 """
 
 from __future__ import annotations
@@ -10,19 +11,18 @@ from __future__ import annotations
 from .actions import Action, BrokersSeen
 from .addresses import Advertise, needs_rewrite, rewrite_addresses
 from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions
-from .apis import KNOWN_APIS, ApiKey
+from .apis import ApiKey, response_header_version
 from .headers import response_body_offset
 from .in_flight import InFlight
 
 
 def rewrite_response(entry: InFlight, frame: bytes, advertise: Advertise, actions: list[Action]) -> bytes:
     """The response frame to send on; broker addresses it names are reported as BrokersSeen."""
-    spec = KNOWN_APIS.get(entry.api_key)
-    if spec is None:
-        return frame
     key, version = entry.api_key, entry.api_version
     if needs_rewrite(key, version):
-        result = rewrite_addresses(key, version, frame, spec.response_header_version(version), advertise)
+        header_version = response_header_version(key, version)
+        assert header_version is not None  # every address-bearing API has a known layout
+        result = rewrite_addresses(key, version, frame, header_version, advertise)
         if result.discovered:
             actions.append(BrokersSeen(result.discovered))
         return result.frame
