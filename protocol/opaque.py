@@ -21,7 +21,7 @@ from __future__ import annotations
 from .apis import OPAQUE_APIS, ApiKey, api_name
 from .broker_array import FieldError, read_string
 from .charging import QuotaPolicy
-from .errors import MalformedBody
+from .errors import MalformedBody, MalformedHeader
 from .headers import RequestHeader, response_body_offset
 from .in_flight import InFlight
 
@@ -49,7 +49,10 @@ def _throttle_offset(entry: InFlight, frame: bytes) -> int | None:
     opaque = OPAQUE_APIS.get(entry.api_key)
     if opaque is None or not opaque.throttle_first or entry.api_version > opaque.max_version:
         return None
-    return response_body_offset(frame, opaque.response_header_version(entry.api_version))
+    try:
+        return response_body_offset(frame, opaque.response_header_version(entry.api_version))
+    except MalformedHeader as exc:
+        raise MalformedHeader(f"{opaque.name} v{entry.api_version} response header: {exc}") from None
 
 
 def charge_opaque_response(policy: QuotaPolicy, principal: str, entry: InFlight, frame: bytes,

@@ -559,3 +559,10 @@ def test_share_fetch_waits_while_the_fetch_bucket_is_throttled() -> None:
     actions = other.receive_from_client(frame(share_fetch_request(2)), 10)
     assert to_broker(actions) == b""
     assert of_type(actions, Mute)
+
+
+def test_a_truncated_response_header_of_a_throttled_opaque_api_is_named() -> None:
+    conn = ProxyConnection(advertise, policy=engine_with({ANON: {R: 1.0}}))
+    _up, down = exchange(conn, opaque_request(CONSUMER_GROUP_HEARTBEAT, 1, 1), i32(1) + b"\x81", 0, 105)
+    (reason,) = close_reasons(down)
+    assert reason == "broker sent bad data: ConsumerGroupHeartbeat v1 response header: truncated varint"
