@@ -20,7 +20,7 @@ BROKER_RANGES = [
     (ApiKey.PRODUCE, 0, 99),            # broker newer than the proxy: max clamped, min raised
     (ApiKey.FETCH, 0, 3),               # proxy needs Fetch v4+: empty intersection, dropped
     (ApiKey.METADATA, 0, 7),            # broker older: kept as is
-    (UNKNOWN_KEY, 0, 2),                # no schema in the proxy: dropped
+    (UNKNOWN_KEY, 0, 2),                # no schema in the proxy: forwarded opaque, the broker's range
     (ApiKey.API_VERSIONS, 0, 3),
     (ApiKey.SASL_HANDSHAKE, 0, 1),
 ]
@@ -40,6 +40,7 @@ def expected_ranges() -> list[tuple[int, int, int]]:
     return [
         (ApiKey.PRODUCE, produce_min, produce_max),
         (ApiKey.METADATA, 0, 7),
+        (UNKNOWN_KEY, 0, 2),
         (ApiKey.API_VERSIONS, 0, 3),
         (ApiKey.SASL_HANDSHAKE, 0, 1),
         # answered by the proxy itself, so offered even by brokers that lack them
@@ -69,7 +70,7 @@ def test_clamp_non_flexible(version: int) -> None:
     extra = {} if version == 0 else {"throttle_time_ms": 12}
     raw = body(ApiVersionsResponse, version, error_code=0, api_keys=entries(BROKER_RANGES), **extra)
     clamped, dropped = clamp_api_versions(raw, version)
-    assert dropped == 2
+    assert dropped == 1
     assert clamped == body(ApiVersionsResponse, version, error_code=0, api_keys=entries(expected_ranges()),
                            **extra)
 
@@ -88,7 +89,7 @@ def test_clamp_flexible_keeps_feature_tagged_fields(version: int) -> None:
     }
     raw = body(ApiVersionsResponse, version, error_code=0, api_keys=entries(BROKER_RANGES), **features)
     clamped, dropped = clamp_api_versions(raw, version)
-    assert dropped == 2
+    assert dropped == 1
     assert clamped == body(ApiVersionsResponse, version, error_code=0, api_keys=entries(expected_ranges()),
                            **features)
     decoded = ApiVersionsResponse.decode(clamped, version=version)
@@ -111,9 +112,8 @@ def test_clamp_broker_error_v0_body() -> None:
     raw = body(ApiVersionsResponse, 0, error_code=UNSUPPORTED_VERSION,
                api_keys=entries([(ApiKey.API_VERSIONS, 0, 2), (UNKNOWN_KEY, 0, 1)]))
     clamped, dropped = clamp_api_versions(raw, 0)
-    assert dropped == 1
-    assert clamped == body(ApiVersionsResponse, 0, error_code=UNSUPPORTED_VERSION,
-                           api_keys=entries([(ApiKey.API_VERSIONS, 0, 2)]))
+    assert dropped == 0
+    assert clamped == raw
 
 
 def test_clamp_garbage_raises_malformed_body() -> None:

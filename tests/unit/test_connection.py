@@ -555,7 +555,7 @@ def test_api_versions_answer_clamped(conn: ProxyConnection, version: int) -> Non
     decoded = ApiVersionsResponse.decode(out[4:], version=version)
     metadata_max = KNOWN_APIS[ApiKey.METADATA].max_version
     assert [(e.api_key, e.min_version, e.max_version) for e in decoded.api_keys] == [
-        (ApiKey.METADATA, 0, metadata_max), (heartbeat, 0, 4),
+        (ApiKey.METADATA, 0, metadata_max), (9999, 0, 1), (heartbeat, 0, 4),
         (ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 1), (ApiKey.ALTER_CLIENT_QUOTAS, 0, 1),
     ]
 

@@ -288,8 +288,9 @@ def _with(message_: Any, **fields: Any) -> Any:
 @ROUND_TRIP
 @given(data=st.data(), version=st.sampled_from(versions(ApiKey.API_VERSIONS)))
 def test_api_versions_clamp_changes_only_the_ranges(data: st.DataObject, version: int) -> None:
-    """Kept keys get the intersection of the broker's and the proxy's ranges, the quota admin APIs
-    the proxy's own; features (v3+ tagged fields) and the throttle stay as the broker sent them."""
+    """Kept keys get the intersection of the broker's and the proxy's ranges, keys the proxy forwards
+    opaque the broker's range, the quota admin APIs the proxy's own; features (v3+ tagged fields)
+    and the throttle stay as the broker sent them."""
     original = data.draw(api_versions_response(version))
     body = bytes(original.encode())
     clamped_body, dropped = clamp_api_versions(body, version)
@@ -297,6 +298,7 @@ def test_api_versions_clamp_changes_only_the_ranges(data: st.DataObject, version
     for entry in original.api_keys:
         offered = offered_range(entry.api_key)
         if offered is None:
+            expected_ranges[entry.api_key] = (entry.min_version, entry.max_version)  # forwarded opaque
             continue
         if entry.api_key in QUOTA_ADMIN_APIS:
             expected_ranges[entry.api_key] = offered  # answered by the proxy, whatever the broker says
