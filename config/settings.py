@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
+from quotas.token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 
 if TYPE_CHECKING:
     from .fleet import FleetSettings
@@ -100,6 +101,10 @@ class ProxySettings:
     connection_buffer_bytes: int = 256 * 1024
     #: Live quota buckets per quota type; past it, new entities share one overflow bucket.
     max_quota_buckets: int = 50_000
+    #: "kafka": Kafka's windowed rate decides (a new client bursts ~10 s of quota, then an 11 s
+    #: sawtooth); "smooth": a token bucket with a one-second burst decides the byte-rate and
+    #: request-time quotas (quotas/token_bucket.py).
+    quota_shape: QuotaShape = KAFKA
     #: The `[fleet]` table (config/fleet.py): one quota over several proxies; None: a lone proxy.
     fleet: FleetSettings | None = None
     #: Bind the client listeners with SO_REUSEPORT, so `kthrottle run --workers N` processes share them.
@@ -181,6 +186,11 @@ def load_settings(path: Path | None) -> ProxySettings:
             if value not in ("admins", "everyone"):
                 raise SettingsError(f"proxy.quota_describe = {value!r} must be \"admins\" or \"everyone\"")
             settings.quota_describe = value
+        elif key == "quota_shape":
+            if value not in QUOTA_SHAPES:
+                raise SettingsError(
+                    f"proxy.quota_shape = {value!r} must be " + " or ".join(f'"{v}"' for v in QUOTA_SHAPES))
+            settings.quota_shape = KAFKA if value == KAFKA else SMOOTH
         elif key == "zookeeper":
             if not isinstance(value, str) or not value.strip():
                 raise SettingsError(f"proxy.zookeeper = {value!r} must be a connect string like \"zk1:2181\"")

@@ -22,6 +22,7 @@ from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
+from .token_bucket import KAFKA, QUOTA_SHAPES, QuotaShape
 from .types import QuotaType
 
 #: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
@@ -40,8 +41,14 @@ class EngineConfig:
     #: live buckets per quota type (see manager.py: past it, new `<default>` buckets overflow
     #: into one shared bucket); None only for tests and tools
     max_buckets: int | None = DEFAULT_MAX_BUCKETS
+    #: "kafka" (Kafka's windowed rate decides, the default) or "smooth" (a token bucket with a
+    #: one-second burst decides the byte-rate and request-time quotas; see token_bucket.py)
+    quota_shape: QuotaShape = KAFKA
 
     def __post_init__(self) -> None:
+        if self.quota_shape not in QUOTA_SHAPES:
+            raise ValueError(
+                f"quota_shape must be one of {', '.join(QUOTA_SHAPES)}, got {self.quota_shape!r}")
         if self.max_buckets is not None and self.max_buckets < 1:
             raise ValueError(f"max_buckets must be at least 1, got {self.max_buckets}")
         if self.pid_max_users < 1:
@@ -69,11 +76,12 @@ class QuotaEngine:
         self.config = config = config or EngineConfig()
         window = config.window
         cap = config.max_buckets
+        shape = config.quota_shape
         self.managers: dict[QuotaType, ClientQuotaManager] = {
-            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window, max_buckets=cap),
-            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window, max_buckets=cap),
-            QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window,
-                                                  max_throttle_ms=window.window_ms, max_buckets=cap),
+            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window, max_buckets=cap, shape=shape),
+            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window, max_buckets=cap, shape=shape),
+            QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window, max_throttle_ms=window.window_ms,
+                                                  max_buckets=cap, shape=shape),
             QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window,
                                                        max_buckets=cap),
         }

@@ -25,6 +25,13 @@ Memory is bounded, however many client ids appear:
   entity resolves to, so a flood of client ids throttles itself as a group. Existing buckets
   keep their history (never evicted while they hold any), no charge is left unmetered, and
   explicitly configured entities, which the quota table bounds, always get their own bucket.
+
+The quota's shape (see token_bucket.py): "kafka", the default, decides with the windowed rate
+exactly as a broker does. "smooth" keeps recording the windowed rate (the rate reported in
+`Charge.observed`, the metrics and the fleet's usage, and what expiry goes by) but decides with
+a token bucket whose burst is one second of quota: the throttle is how long until the bucket is
+back at zero. In a fleet, the windowed formula on the fleet's usage still applies on top (the
+larger throttle wins), so the fleet-wide quota holds as in the "kafka" shape.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from .entity import DEFAULT, BucketKey, QuotaEntity
 from .fleet import DELTA_CHANGE_OF_BOUND, URGENT_CHANGE_RATIO, PeerView, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from .throttle import bounded_throttle_time_ms, throttle_time_ms
+from .token_bucket import BURST_MS, KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape, TokenBucket
 from .types import QuotaType
 
 #: Kafka expires a client's quota sensors after an hour without traffic
@@ -124,6 +132,8 @@ class Bucket:
     #: above which it asks for an urgent report (URGENT_CHANGE_RATIO of its bound higher)
     reported: float = 0.0
     urgent_above: float = 0.0
+    #: the "smooth" shape's token bucket (None in the "kafka" shape)
+    tokens: TokenBucket | None = None
 
 
 class Charge(NamedTuple):
@@ -167,9 +177,14 @@ class ClientQuotaManager:
 
     def __init__(self, quota_type: QuotaType, window: WindowConfig = DEFAULT_WINDOW,
                  *, max_throttle_ms: int | None = None, max_buckets: int | None = DEFAULT_MAX_BUCKETS,
-                 idle_expiry_ms: int = IDLE_EXPIRY_MS) -> None:
+                 idle_expiry_ms: int = IDLE_EXPIRY_MS, shape: QuotaShape = KAFKA) -> None:
         if max_buckets is not None and max_buckets < 1:
             raise ValueError(f"max_buckets must be at least 1, got {max_buckets}")
+        if shape not in QUOTA_SHAPES:
+            raise ValueError(f"quota shape must be one of {', '.join(QUOTA_SHAPES)}, got {shape!r}")
+        #: "kafka" (the windowed rate decides) or "smooth" (a one-second token bucket decides)
+        self.shape = shape
+        self._smooth = shape == SMOOTH
         self.quota_type = quota_type
         self.window = window
         #: The request quota caps a throttle at one window; byte rates are unbounded.
@@ -262,7 +277,8 @@ class ClientQuotaManager:
         return len(self._resolved) + len(self._retired)
 
     def _add(self, key: BucketKey, now_ms: int) -> Bucket:
-        bucket = Bucket(WindowedRate(self.window), seen_ms=now_ms)
+        bucket = Bucket(WindowedRate(self.window), seen_ms=now_ms,
+                        tokens=TokenBucket() if self._smooth else None)
         self.buckets[key] = bucket
         self._recent[key] = bucket
         if len(self.buckets) > self._high_water:
@@ -349,9 +365,18 @@ class ClientQuotaManager:
                 observed += reports.total  # every peer's report is fresh: their plain sum
             elif reports is not None or peers.has_digests:
                 observed += peers.rate(key, now_ms)  # some report is ageing, or a long name
-        if observed <= bound:
+        tokens = bucket.tokens
+        if tokens is not None:
+            throttle = tokens.record(value, bound, now_ms)
+            if peers is not None and observed > bound:
+                throttle = max(throttle, throttle_time_ms(observed, bound, window_ms))
+            if self.max_throttle_ms is not None and throttle > self.max_throttle_ms:
+                throttle = self.max_throttle_ms
+            if throttle == 0:
+                return Charge(key, bound, observed, 0)
+        elif observed <= bound:
             return Charge(key, bound, observed, 0)
-        if self.max_throttle_ms is None:
+        elif self.max_throttle_ms is None:
             throttle = throttle_time_ms(observed, bound, window_ms)
         else:
             throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
@@ -459,8 +484,11 @@ class ClientQuotaManager:
 
     def unrecord(self, charge: Charge, value: float, now_ms: int) -> None:
         """Take a recording back (a throttled fetch's bytes are not sent, so not counted)."""
-        if charge.bucket is not None and charge.bucket in self.buckets:
-            self.buckets[charge.bucket].rate.unrecord(value, now_ms)
+        bucket = self.buckets.get(charge.bucket) if charge.bucket is not None else None
+        if bucket is not None:
+            bucket.rate.unrecord(value, now_ms)
+            if bucket.tokens is not None:
+                bucket.tokens.unrecord(value, bucket.bound, now_ms)
 
     def record_throttle(self, charge: Charge, throttle_ms: int, now_ms: int) -> None:
         """Count a throttle this quota decided (Kafka's `throttle-time` sensor, avg and max)."""
@@ -474,10 +502,17 @@ class ClientQuotaManager:
         bucket.throttle_count += 1
 
     def max_value_in_window(self, user: str, client_id: str) -> float | None:
-        """Kafka's cap for a fetch: the quota times (samples - 1) windows, i.e. 10x the quota per second."""
+        """Kafka's cap for a fetch: the quota times (samples - 1) windows, i.e. 10x the quota per second.
+
+        In the "smooth" shape, the burst (one second of quota): a throttled fetch is taken back
+        (its records are not sent), so a fetch larger than the token bucket could hold would be
+        throttled every time and never delivered.
+        """
         found = self._lookup(user, client_id)
         if found is None:
             return None
+        if self._smooth:
+            return found.bound * BURST_MS / 1000.0
         return found.bound * (self.window.samples - 1) * self.window.window_ms / 1000.0
 
     # -- expiry ---------------------------------------------------------------------------------
