@@ -227,3 +227,21 @@ def test_setting(tmp_path: Path) -> None:
         path.write_text(f"[proxy]\nquota_shape = {bad}\n")
         with pytest.raises(SettingsError, match=r'proxy\.quota_shape = .* must be "kafka" or "smooth"'):
             load_settings(path)
+
+
+def test_smooth_in_a_fleet_keeps_the_fleet_wide_bound() -> None:
+    """Peers' usage still counts: the windowed formula on the fleet's rate applies on top."""
+    from quotas.fleet import PeerUsage, UsageEntry, UsageReport
+
+    peers = PeerUsage(quota_window_ms=11_000)
+    quota_engine = engine("smooth", {P: 1000.0})
+    quota_engine.attach_fleet(peers)
+    alone = engine("smooth", {P: 1000.0})
+    # within this proxy's token bucket, and with no peer traffic, nothing throttles
+    assert quota_engine.charge("ANONYMOUS", "app", 0, produce_bytes=500).throttle_ms == 0
+    assert alone.charge("ANONYMOUS", "app", 0, produce_bytes=500).throttle_ms == 0
+    peers.accept(UsageReport("f", 1, 1, 0, False, (UsageEntry(P, "", "app", 1500.0),), ()), 0)
+    verdict = quota_engine.charge("ANONYMOUS", "app", 100, produce_bytes=100)
+    assert alone.charge("ANONYMOUS", "app", 100, produce_bytes=100).throttle_ms == 0
+    # own 600 over the padded 10.1 s window (59.4/s) plus the peers' 1500/s: Kafka's formula, 5650 ms
+    assert verdict.throttle_ms == 5650
