@@ -567,6 +567,7 @@ class ProxyServer:
             pid_window=WindowConfig(settings.producer_id_quota_window_num,
                                     settings.producer_id_quota_window_size_seconds * 1000),
             max_buckets=settings.max_quota_buckets,
+            quota_shape=settings.quota_shape,
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         descriptors = raise_descriptor_limit()
