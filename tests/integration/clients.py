@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Iterable
@@ -236,3 +238,40 @@ def landed_on_partition_0(bootstrap: str, topic: str, count: int, timeout: float
             time.sleep(0.2)
     finally:
         consumer.close()
+
+
+def produce_known_records(conf: dict[str, Any], topic: str, count: int) -> None:
+    """`records(count)` with librdkafka, acks=all, each to its own partition; every one delivered."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**conf, "acks": "all", "linger.ms": 5})
+    failures: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    for partition, key, value in records(count):
+        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
+    assert producer.flush(60) == 0, "records still unsent after 60 s"
+    assert failures == []
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from `sock` (ConnectionError naming how many came if it closes first)."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
+        data += chunk
+    return data
+
+
+def api_versions_v0(sock: socket.socket, correlation_id: int, client_id: bytes = b"kthrottle-test") -> int:
+    """Send ApiVersions v0 on `sock`; the response's correlation id (ConnectionError if closed)."""
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    size, got = struct.unpack(">ii", recv_exact(sock, 8))
+    recv_exact(sock, size - 4)
+    return int(got)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from cryptography import x509
@@ -29,6 +29,7 @@ from proxy.quota_client import alter
 from .clients import (
     PARTITIONS,
     assert_exact,
+    produce_known_records,
     read_all,
     records,
     topic_name,
@@ -89,19 +90,6 @@ def _sasl_ssl(cluster: LocalKafka, mechanism: str, user: str, password: str) -> 
         "sasl.password": password,
     }
 
-
-def _produce_known_records(conf: dict[str, Any], topic: str, count: int) -> None:
-    producer = Producer({**conf, "acks": "all", "linger.ms": 5})
-    failures: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            failures.append(str(err))
-
-    for partition, key, value in records(count):
-        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
-    assert producer.flush(60) == 0, "records still unsent after 60 s"
-    assert failures == []
 
 
 def _first_leaf_der(path: Path) -> bytes:
@@ -192,7 +180,7 @@ def test_librdkafka_round_trip(tls_cluster: LocalKafka, how: str) -> None:
         "sasl-ssl-scram-sha-512": lambda: _sasl_ssl(tls_cluster, "SCRAM-SHA-512", "bob", SASL_USERS["bob"]),
     }[how]()
     topic = _topic(tls_cluster, how)
-    _produce_known_records(conf, topic, RECORDS)
+    produce_known_records(conf, topic, RECORDS)
     assert_exact(read_all(conf, topic, RECORDS), RECORDS)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kafka.partitioner.default import murmur2
@@ -43,11 +43,13 @@ from .clients import (
     PARTITIONS,
     acks0_produce_body,
     aiokafka_round_trip,
+    api_versions_v0,
     assert_exact,
     assert_proxy_addresses,
     kafka_python_round_trip,
+    produce_known_records,
     read_all,
-    records,
+    recv_exact,
     topic_name,
     wait_for_topic_on_every_broker,
     wait_until,
@@ -210,26 +212,13 @@ def _sasl_ssl(proxy: QuotaProxy, certs: TestCertificates, mechanism: str, user: 
             "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": SASL_USERS[user]}
 
 
-def _produce_known_records(conf: dict[str, Any], topic: str, count: int) -> None:
-    producer = Producer({**conf, "acks": "all", "linger.ms": 5})
-    failures: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            failures.append(str(err))
-
-    for partition, key, value in records(count):
-        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
-    assert producer.flush(60) == 0, "records still unsent after 60 s"
-    assert failures == []
-
 
 def _librdkafka_round_trip(conf: dict[str, Any], cluster: LocalKafka, proxy: QuotaProxy, real: str,
                            prefix: str) -> None:
     """A known record set through the proxy and back (exact, per-partition order); every broker the
     client learned is one of the proxy's addresses, none of the real ones."""
     topic = _topic(cluster, prefix)
-    _produce_known_records(conf, topic, COUNT)
+    produce_known_records(conf, topic, COUNT)
     assert_exact(read_all(conf, topic, COUNT), COUNT)
     brokers = AdminClient(conf).list_topics(timeout=10).brokers.values()
     assert_proxy_addresses([(b.id, str(b.host), b.port) for b in brokers], proxy.port, cluster.node_ids, real)
@@ -479,24 +468,6 @@ def test_certificate_matching_no_rule_is_its_dn(kafka_cluster: LocalKafka, certs
 # --------------------------------------------------------------------------------------------- 4. refusals
 
 
-def _api_versions(sock: socket.socket, correlation_id: int) -> int:
-    """ApiVersions v0 on `sock`; the response's correlation id (ConnectionError if the proxy closed it)."""
-    body = struct.pack(">hhih", 18, 0, correlation_id, len(b"tls-clients")) + b"tls-clients"
-    sock.sendall(struct.pack(">i", len(body)) + body)
-    header = _recv_exact(sock, 8)
-    size, got = struct.unpack(">ii", header)
-    _recv_exact(sock, size - 4)
-    return int(got)
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
-        data += chunk
-    return data
 
 
 def _connect(port: int, certs: TestCertificates, client: IssuedCertificate | None) -> ssl.SSLSocket:
@@ -524,7 +495,7 @@ def test_bad_client_certificate_is_refused(certs: TestCertificates, mtls_proxy: 
     reason = {"untrusted_client": "self-signed certificate in certificate chain",
               "expired_client": "certificate has expired"}[which]
     with _connect(mtls_proxy.port, certs, certs.client("bob")) as good:
-        assert _api_versions(good, 1) == 1
+        assert api_versions_v0(good, 1) == 1
         closed_before = mtls_proxy.metric("kthrottle_connections_closed_total", reason="tls_bad_certificate")
         open_before = mtls_proxy.metric("kthrottle_connections")
         assert open_before >= 1
@@ -533,7 +504,7 @@ def test_bad_client_certificate_is_refused(certs: TestCertificates, mtls_proxy: 
         # so the refusal (an alert, or the connection closing) arrives on the first read.
         with pytest.raises((ssl.SSLError, ConnectionError)), _connect(mtls_proxy.port, certs, bad) as refused:
             port = refused.getsockname()[1]
-            _api_versions(refused, 2)
+            api_versions_v0(refused, 2)
         lines = wait_until(lambda: [line for line in _log_since(mtls_proxy, start).splitlines()
                                     if f"127.0.0.1:{port} " in line], WAIT_S, "the refusal's log line")
         assert len(lines) == 1, lines
@@ -544,7 +515,7 @@ def test_bad_client_certificate_is_refused(certs: TestCertificates, mtls_proxy: 
         # The refused connection gave back its place (kthrottle_connections counts the good one still).
         wait_until(lambda: mtls_proxy.metric("kthrottle_connections") == open_before, WAIT_S,
                    f"kthrottle_connections back to {open_before}")
-        assert _api_versions(good, 3) == 3  # the other client's connection never noticed
+        assert api_versions_v0(good, 3) == 3  # the other client's connection never noticed
     assert mtls_proxy.alive()
 
 
@@ -580,9 +551,9 @@ def test_no_certificate_is_anonymous_whatever_the_client_id_says(kafka_cluster: 
 def _request(sock: socket.socket, api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
     """One request on `sock` and its response body (after the v0 response header)."""
     sock.sendall(frame(encode_request_header(api_key, version, correlation_id, PROBE_CLIENT_ID) + body))
-    size, got = struct.unpack(">ii", _recv_exact(sock, 8))
+    size, got = struct.unpack(">ii", recv_exact(sock, 8))
     assert got == correlation_id
-    return _recv_exact(sock, size - 4)
+    return recv_exact(sock, size - 4)
 
 
 def _kafka_bytes(data: bytes) -> bytes:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from cryptography import x509
@@ -38,11 +38,12 @@ from harness.local_kafka import SASL_USERS, LocalKafka
 from .clients import (
     PARTITIONS,
     aiokafka_round_trip,
+    api_versions_v0,
     assert_exact,
     assert_proxy_addresses,
     kafka_python_round_trip,
+    produce_known_records,
     read_all,
-    records,
     topic_name,
     wait_until,
 )
@@ -137,19 +138,6 @@ def create_topic(conf: dict[str, Any], prefix: str) -> str:
     return name
 
 
-def produce_known_records(conf: dict[str, Any], topic: str, count: int) -> None:
-    producer = Producer({**conf, "acks": "all", "linger.ms": 5})
-    failures: list[str] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            failures.append(str(err))
-
-    for partition, key, value in records(count):
-        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
-    assert producer.flush(60) == 0, "records still unsent after 60 s"
-    assert failures == []
-
 
 def round_trip_librdkafka(conf: dict[str, Any], proxy: RunningProxy, cluster: LocalKafka, real: str) -> None:
     """Produce a known set through the proxy and read it back: exact set, per-partition order, and
@@ -161,24 +149,6 @@ def round_trip_librdkafka(conf: dict[str, Any], proxy: RunningProxy, cluster: Lo
     assert_proxy_addresses([(b.id, str(b.host), b.port) for b in brokers], proxy.port, cluster.node_ids, real)
 
 
-def api_versions(sock: socket.socket, correlation_id: int) -> int:
-    """Send ApiVersions v0 and return the response's correlation id (ConnectionError if closed)."""
-    body = struct.pack(">hhih", 18, 0, correlation_id, len(b"tls-test")) + b"tls-test"
-    sock.sendall(struct.pack(">i", len(body)) + body)
-    header = recv_exact(sock, 8)
-    size, got = struct.unpack(">ii", header)
-    recv_exact(sock, size - 4)
-    return int(got)
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
-        data += chunk
-    return data
 
 
 def tls_client(certs: TestCertificates, client: IssuedCertificate | None = None) -> ssl.SSLContext:
@@ -334,7 +304,7 @@ def test_rotated_certificate_is_served_to_new_connections(tls_cluster: LocalKafk
     with TlsProxy(tls_cluster.bootstrap, tmp_path, listener_table(cert, key)) as proxy:
         before = connect_tls(proxy.port, tls_client(certs))
         assert served_serial(before) == certs.server.serial
-        assert api_versions(before, 1) == 1
+        assert api_versions_v0(before, 1) == 1
 
         rotated = issue_server_certificate(certs.directory, "rotated", ["127.0.0.1", "localhost"])
         shutil.copy(rotated.cert, cert)
@@ -343,8 +313,8 @@ def test_rotated_certificate_is_served_to_new_connections(tls_cluster: LocalKafk
                            timeout=LOG_WAIT_S)
         with connect_tls(proxy.port, tls_client(certs)) as after:
             assert served_serial(after) == rotated.serial
-            assert api_versions(after, 2) == 2
-        assert api_versions(before, 3) == 3  # the old connection still carries requests
+            assert api_versions_v0(after, 2) == 2
+        assert api_versions_v0(before, 3) == 3  # the old connection still carries requests
 
         again = issue_server_certificate(certs.directory, "by-sighup", ["127.0.0.1", "localhost"])
         shutil.copy(again.cert, cert)
@@ -353,7 +323,7 @@ def test_rotated_certificate_is_served_to_new_connections(tls_cluster: LocalKafk
         proxy.wait_for_log(f"serial {again.serial:x}", timeout=LOG_WAIT_S)
         with connect_tls(proxy.port, tls_client(certs)) as third:
             assert served_serial(third) == again.serial
-        assert api_versions(before, 4) == 4
+        assert api_versions_v0(before, 4) == 4
         before.close()
 
         shutil.copy(certs.client("alice").key, key)  # a key that is not the certificate's
@@ -385,13 +355,13 @@ def test_bad_clients_are_refused_with_one_line_each(tls_cluster: LocalKafka, cer
                                (certs.expired_client, "certificate has expired")):
             with (pytest.raises((ssl.SSLError, ConnectionError)),
                   connect_tls(proxy.port, tls_client(certs, client)) as tls):
-                api_versions(tls, 1)  # TLS 1.3: the refusal arrives on the first read
+                api_versions_v0(tls, 1)  # TLS 1.3: the refusal arrives on the first read
             proxy.wait_for_log(f"the client certificate does not verify against tls.ca ({reason})",
                                timeout=LOG_WAIT_S)
 
         with (pytest.raises((ssl.SSLError, ConnectionError)),
               connect_tls(proxy.port, tls_client(certs)) as tls):
-            api_versions(tls, 1)
+            api_versions_v0(tls, 1)
         proxy.wait_for_log('the client sent no certificate and tls.client_auth = "required"',
                            timeout=LOG_WAIT_S)
 
@@ -401,7 +371,7 @@ def test_bad_clients_are_refused_with_one_line_each(tls_cluster: LocalKafka, cer
                            timeout=LOG_WAIT_S)
 
         with connect_tls(proxy.port, tls_client(certs, certs.client("bob"))) as good:
-            assert api_versions(good, 9) == 9
+            assert api_versions_v0(good, 9) == 9
         log = proxy.log()
         assert "authenticated by its TLS certificate as principal 'CN=bob,OU=ops,O=kthrottle'" in log
         assert proxy.closed("tls_plaintext_client") == 1
@@ -418,11 +388,11 @@ def test_a_certificate_no_rule_maps_is_refused(tls_cluster: LocalKafka, certs: T
                             principal_mapping_rules="RULE:^CN=([^,]+),OU=eng,.*$/$1/U")
     with TlsProxy(tls_cluster.bootstrap, tmp_path, tables) as proxy:
         with connect_tls(proxy.port, tls_client(certs, certs.client("alice"))) as tls:
-            assert api_versions(tls, 1) == 1
+            assert api_versions_v0(tls, 1) == 1
         proxy.wait_for_log("authenticated by its TLS certificate as principal 'ALICE'", timeout=LOG_WAIT_S)
         with (connect_tls(proxy.port, tls_client(certs, certs.client("bob"))) as tls,
               pytest.raises((ssl.SSLError, ConnectionError))):
-            api_versions(tls, 2)
+            api_versions_v0(tls, 2)
         proxy.wait_for_log("its certificate's subject matches no rule of tls.principal_mapping_rules",
                            timeout=LOG_WAIT_S)
         assert proxy.closed("tls_no_principal") == 1
@@ -436,7 +406,7 @@ def test_tls_client_on_a_plaintext_listener_is_named(tls_cluster: LocalKafka, ce
         proxy.wait_for_log("TLS handshake on a plaintext listener: the bytes 16 03 01", timeout=LOG_WAIT_S)
         assert proxy.closed("tls_on_plaintext") == 1
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=LOG_WAIT_S) as plain:
-            assert api_versions(plain, 5) == 5
+            assert api_versions_v0(plain, 5) == 5
 
 
 class WrongHostBroker:
@@ -477,7 +447,7 @@ def test_broker_certificates_that_do_not_verify_are_named(tls_cluster: LocalKafk
     try:
         with TlsProxy(f"127.0.0.1:{broker.port}", tmp_path / "wrong-host", tls_both_sides(certs)) as proxy:
             with connect_tls(proxy.port, tls_client(certs)) as tls, pytest.raises(ConnectionError):
-                api_versions(tls, 1)
+                api_versions_v0(tls, 1)
             proxy.wait_for_log(f"127.0.0.1:{broker.port}: the broker's TLS certificate does not verify: "
                                "IP address mismatch, certificate is not valid for '127.0.0.1'",
                                timeout=LOG_WAIT_S)
@@ -489,7 +459,7 @@ def test_broker_certificates_that_do_not_verify_are_named(tls_cluster: LocalKafk
     first = tls_cluster.ssl_bootstrap.split(",")[0]
     with TlsProxy(first, tmp_path / "untrusted", tls_both_sides(certs, certs.untrusted_ca)) as proxy:
         with connect_tls(proxy.port, tls_client(certs)) as tls, pytest.raises(ConnectionError):
-            api_versions(tls, 1)
+            api_versions_v0(tls, 1)
         proxy.wait_for_log(f"{first}: the broker's TLS certificate does not verify: self-signed certificate "
                            "in certificate chain", timeout=LOG_WAIT_S)
         assert proxy.alive()
