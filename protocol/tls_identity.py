@@ -886,7 +886,9 @@ def _escape_literal_back_references(replacement: str, groups: int) -> str:
         digits = reference.group(1)
         if digits.startswith("0"):
             continue
-        number = int(digits)
+        # Integer.parseInt fails past 10 digits anyway; checked before int() so a reference of
+        # thousands of digits fails this connection's name, not the proxy (int() refuses > 4300).
+        number = int(digits) if len(digits) <= 10 else _JAVA_MAX_INT + 1
         if number > _JAVA_MAX_INT:
             raise _ReplacementFailed(f"For input string: \"{digits}\"")  # Integer.parseInt
         while number > groups and number >= 10:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import struct
 from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -38,7 +39,10 @@ async def fetch_metadata(host: str, port: int, tls: ssl.SSLContext | None = None
     finally:
         writer.close()
     # Response header v1: correlation id and an empty tagged-field section.
-    return MetadataResponse.decode(memoryview(response)[5:], version=_VERSION)
+    try:
+        return MetadataResponse.decode(memoryview(response)[5:], version=_VERSION)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:  # kafka-python on garbage bytes
+        raise ValueError(f"not a Metadata v{_VERSION} answer: {exc}") from exc
 
 
 async def fetch_brokers(host: str, port: int, tls: ssl.SSLContext | None = None,

@@ -232,7 +232,13 @@ class ClientSession(asyncio.Protocol):
         certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if certificate is not None and listener.client_auth != "none":
             # Verified: OpenSSL fails the handshake on a presented certificate that does not verify.
-            principal = principal_from_certificate(certificate, listener.principal_mapper)
+            try:
+                principal = principal_from_certificate(certificate, listener.principal_mapper)
+            except Exception:  # a bug must cost this connection, never leave it half-open
+                log.exception("%s from %s: reading its certificate's principal failed", self.conn.name,
+                              self._peer)
+                self.close("its certificate's principal could not be read", kind="internal_error")
+                return
             if principal is None:
                 self.close("its certificate's subject matches no rule of tls.principal_mapping_rules "
                            f"({listener.principal_mapping_rules!r}), so it has no principal",

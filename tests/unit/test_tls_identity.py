@@ -392,3 +392,10 @@ def test_certificate_no_rule_names_is_refused() -> None:
 
 def test_unreadable_certificate_is_refused() -> None:
     assert principal_from_certificate(b"not a certificate", None) is None
+
+
+def test_a_back_reference_of_thousands_of_digits_gives_no_name_rather_than_an_error() -> None:
+    """Java's Integer.parseInt fails on it and Kafka refuses that connection; Python's int() would
+    raise past 4,300 digits, which must not escape into the proxy."""
+    mapper = SslPrincipalMapper.parse("RULE:^CN=(.*)$/$" + "1" * 5000 + "/")
+    assert mapper.name("CN=x") is None
