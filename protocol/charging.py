@@ -40,7 +40,7 @@ class QuotaPolicy(Protocol):
 
     def wants_producer_ids(self, user: str) -> bool: ...
 
-    def fetch_max_bytes(self, user: str, client_id: str, now_ms: int | None = None) -> int | None: ...
+    def fetch_max_bytes(self, user: str, client_id: str) -> int | None: ...
 
     def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
                fetch_bytes: int = 0, request_time_ms: float | None = None,
@@ -65,14 +65,9 @@ def charge_produce(policy: QuotaPolicy, principal: str, frame: bytes, header: Re
 
 def prepare_fetch(policy: QuotaPolicy, principal: str, entry: InFlight, frame: bytes,
                   header: RequestHeader) -> bytes:
-    """Note a Fetch's long-poll allowance and cap its size to the quota; the frame to forward.
-
-    The cap is what the entity may still take in its quota window as the Fetch goes on
-    (`entry.sent_ms`), so the response shrinks to it rather than being emptied by a throttle;
-    brokers only cap a fetch at quota x window (see QuotaEngine.fetch_max_bytes).
-    """
+    """Note a Fetch's long-poll allowance and cap its size to the quota; the frame to forward."""
     entry.max_wait_ms = max(fetch_max_wait_ms(frame, header), 0)
-    cap = policy.fetch_max_bytes(principal, header.client_id or "", int(entry.sent_ms))
+    cap = policy.fetch_max_bytes(principal, header.client_id or "")
     if cap is not None:
         frame = cap_fetch_bytes(frame, header, cap)
     return frame

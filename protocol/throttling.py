@@ -116,12 +116,6 @@ def fetch_max_wait_ms(frame: bytes, header: RequestHeader) -> int:
 def cap_fetch_bytes(frame: bytes, header: RequestHeader, cap: int) -> bytes:
     """Lower `max_bytes` to `cap` and `min_bytes` to at most that, as a broker does for quotas.
 
-    A broker's cap is quota x window; the proxy's (QuotaEngine.fetch_max_bytes) is what the
-    bucket may still take now, so a response shrinks instead of being emptied by a throttle.
-    `partition_max_bytes` is left alone: a response never exceeds `max_bytes` but for the first
-    record batch, which a broker returns whole (KIP-74), so lowering it too would buy nothing
-    and cost a re-encoding of every partition.
-
     Fetch before v3 has no `max_bytes` (a broker treats it as unlimited): it is left as it is,
     since the bytes where v3 keeps it are the topics array's count.
     """

@@ -64,12 +64,6 @@ class Verdict:
 
 NO_THROTTLE = Verdict(0)
 
-#: The least `max_bytes` the proxy lowers a Fetch to when its bucket has little or no room left:
-#: the Java producer's default `batch.size` (16 KiB), one record batch's worth. Any smaller value
-#: would buy nothing, since a broker returns the first record batch whole whatever `max_bytes`
-#: says (KIP-74); Kafka itself never lowers `max_bytes` below `quota x (samples - 1) x window`.
-MIN_FETCH_GRANT_BYTES = 16 * 1024
-
 #: Kafka API keys (quotas/ does not import protocol/).
 _PRODUCE = 0
 _FETCH = 1
@@ -116,32 +110,12 @@ class QuotaEngine:
             return False
         return self.managers[QuotaType.PRODUCER_IDS].resolve(user, "") is not None
 
-    def fetch_max_bytes(self, user: str, client_id: str, now_ms: int | None = None) -> int | None:
-        """The `max_bytes` a consumer's Fetch may ask for; None: no fetch quota applies.
-
-        Without `now_ms`, Kafka's own cap: what the quota allows in one full window (a broker
-        lowers every consumer fetch to `quota x (samples - 1) x window`). With `now_ms`, what
-        the proxy forwards: also no more than the bucket may still take now without being
-        throttled (`ClientQuotaManager.headroom`), never below MIN_FETCH_GRANT_BYTES (unless
-        Kafka's cap is lower). A broker grants a fetch whole or empties it, so a consumer whose
-        response is a large part of quota x window gets much less than its quota; a smaller
-        `max_bytes` shrinks the response instead (KIP-74: the first record batch still comes
-        whole, however small `max_bytes` is, so a consumer is never starved). Brokers do not do
-        this. One bucket lookup per Fetch.
-        """
+    def fetch_max_bytes(self, user: str, client_id: str) -> int | None:
+        """Kafka lowers a consumer's fetch size to what its quota allows in one full window."""
         if not self.table:
             return None
-        manager = self.managers[QuotaType.FETCH]
-        cap = manager.max_value_in_window(user, client_id)
-        if cap is None:
-            return None
-        kafka_cap = max(1, int(cap))
-        if now_ms is None:
-            return kafka_cap
-        room = manager.headroom(user, client_id, now_ms)
-        if room is None:  # the quotas cannot change between the two lookups; for the type checker
-            return kafka_cap
-        return min(kafka_cap, max(MIN_FETCH_GRANT_BYTES, int(room)))
+        cap = self.managers[QuotaType.FETCH].max_value_in_window(user, client_id)
+        return None if cap is None else max(1, int(cap))
 
     def hold_ms(self, user: str, client_id: str, api_key: int, now_ms: int) -> int:
         """How long a request must wait because its bucket is throttled on another connection.

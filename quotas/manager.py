@@ -515,41 +515,6 @@ class ClientQuotaManager:
             return found.bound * BURST_MS / 1000.0
         return found.bound * (self.window.samples - 1) * self.window.window_ms / 1000.0
 
-    def headroom(self, user: str, client_id: str, now_ms: int) -> float | None:
-        """What (user, client_id) may still record at `now_ms` without being throttled; None: unlimited.
-
-        Kafka's shape: the bound times the window the rate is measured over, less what that
-        window already holds (its own rate plus, in a fleet, its peers'), so a recording of this
-        much leaves the rate at the bound; never more than `max_value_in_window` (Kafka's cap),
-        and negative when the bucket is already over. The smooth shape: the token bucket's level
-        (at most the burst), and in a fleet no more than the windowed headroom either, as
-        `record` throttles by both. One bucket lookup, no recording: the proxy asks it for every
-        Fetch, to shrink the fetch to it (see QuotaEngine.fetch_max_bytes).
-
-        Measuring resets samples that have expired, as the next recording would; like a metrics
-        scrape, that can only pad the window by the time to that recording (more lenient).
-        """
-        found = self._lookup(user, client_id)
-        if found is None:
-            return None
-        bound = found.bound
-        window = self.window
-        bucket = self.buckets.get(found.bucket)
-        if bucket is None:
-            if self._smooth:
-                return bound * BURST_MS / 1000.0
-            return bound * (window.samples - 1) * window.window_ms / 1000.0
-        tokens = bucket.tokens
-        if tokens is not None and self.peers is None:
-            return tokens.level(bound, now_ms)
-        observed, window_ms = bucket.rate.measure_with_window(now_ms)
-        if self.peers is not None:
-            observed += self.peers.rate(found.bucket, now_ms)
-        room = (bound - observed) * window_ms / 1000.0
-        if tokens is not None:
-            return min(room, tokens.level(bound, now_ms))
-        return min(room, bound * (window.samples - 1) * window.window_ms / 1000.0)
-
     # -- expiry ---------------------------------------------------------------------------------
 
     def expire_idle(self, now_ms: int, budget: int = EXPIRY_BUDGET) -> int:
