@@ -35,7 +35,7 @@ from protocol.addresses import ADDRESS_BEARING
 from protocol.api_versions import offered_range
 
 from .clients import PARTITIONS, topic_name, wait_for_topic_on_every_broker
-from .conftest import JAVA_CONSOLE_CONSUMER, JAVA_METADATA_QUORUM_COMMAND, KafkaJava
+from .conftest import _TOOLS_LOG4J2, JAVA_CONSOLE_CONSUMER, JAVA_METADATA_QUORUM_COMMAND, KafkaJava
 from .proxies import RunningProxy
 
 JAVA_CONSOLE_SHARE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleShareConsumer"
@@ -59,18 +59,8 @@ NOT_BROKER_ADDRESSES = {
 CONTROLLER_ONLY = {"Vote", "BeginQuorumEpoch", "EndQuorumEpoch", "FetchSnapshot", "UpdateRaftVoter"}
 
 # Client DEBUG logging (NetworkClient names every connection it opens and every request it sends).
-_DEBUG_LOG4J2 = """\
-status = warn
-appender.err.type = Console
-appender.err.name = ERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = %p %m (%c{1})%n
-rootLogger.level = warn
-rootLogger.appenderRef.err.ref = ERR
-logger.clients.name = org.apache.kafka.clients
-logger.clients.level = debug
-"""
+_DEBUG_LOG4J2 = (_TOOLS_LOG4J2
+                 + "logger.clients.name = org.apache.kafka.clients\nlogger.clients.level = debug\n")
 
 
 # -- fixtures and helpers --------------------------------------------------------------------------
