@@ -344,7 +344,7 @@ class FleetExchange:
         for start in range(0, max(1, len(entries)), ENCODE_SLICE):
             datagrams = encode_usage(self.name, self.sender, self._seq, int(time.time() * 1000), full,
                                      entries[start:start + ENCODE_SLICE], pids if start == 0 else (),
-                                     self._secret)
+                                     self._secret, names=self.tracker.names)
             self._seq += len(datagrams)
             if not await self._send(datagrams):
                 return

@@ -711,3 +711,21 @@ def test_a_full_listing_measured_in_slices_lists_what_local_usage_lists() -> Non
             sliced += sliced_engine.list_usage(quota_type, keys[start:start + 333], 5_000)
     assert len(whole) == 5000
     assert order(sliced) == whole
+
+
+def test_a_senders_kept_names_give_the_same_datagrams_and_stay_bounded() -> None:
+    """NameItems (kept by the tracker across reports) changes nothing on the wire, and is cleared
+    when it grows past its bound instead of holding every name ever sent."""
+    from quotas.fleet_datagram import NameItems
+
+    entries = [UsageEntry(QuotaType.PRODUCE, f"user-{n}", "x" * (300 if n % 2 else 5), float(n))
+               for n in range(40)]
+    names = NameItems(max_items=30)
+    kept = [encode_usage("f", 1, 1, 1_000, True, entries, [("user-1", 7)], b"s" * 16, names=names)
+            for _ in range(2)]
+    fresh = encode_usage("f", 1, 1, 1_000, True, entries, [("user-1", 7)], b"s" * 16)
+    assert kept[0] == kept[1] == fresh
+    assert len(names.items) == 42  # 40 users and two client ids: past the bound only by one call's
+    others = [UsageEntry(QuotaType.FETCH, f"other-{n}", "c", 1.0) for n in range(5)]
+    encode_usage("f", 1, 1, 1_000, True, others, [], b"s" * 16, names=names)
+    assert set(names.items) == {f"other-{n}" for n in range(5)} | {"c"}  # the old ones were dropped
