@@ -153,7 +153,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     server.quota_admin.store = store
     fleet = None
     if settings.fleet is not None:  # before the listeners: clients meet a proxy that knows its peers
-        from .fleet import start_fleet
+        from .fleet_start import start_fleet
 
         fleet = await start_fleet(settings, server)
     endpoint = None

@@ -21,7 +21,6 @@ import asyncio
 import logging
 import secrets
 import socket
-import ssl
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, cast
@@ -30,7 +29,7 @@ import asyncio_dgram
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config.fleet import FleetSettings, check_name
-from config.settings import Address, ProxySettings, SettingsError
+from config.settings import Address, SettingsError
 from quotas.engine import QuotaEngine
 from quotas.fleet import (
     MAX_DATAGRAM_BYTES,
@@ -44,11 +43,10 @@ from quotas.fleet import (
     encode_usage,
 )
 
-from .discovery import fetch_metadata
-from .membership import Membership, StaticMembership, ZooKeeperMembership
+from .membership import Membership
 
 if TYPE_CHECKING:
-    from .server import ProxyServer
+    pass
 
 log = logging.getLogger("kthrottle.fleet")
 
@@ -69,8 +67,6 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 RESOLVE_EVERY_S = 30.0
 #: Start-up waits this many full syncs at most to hear from the members it knows.
 JOIN_WAIT_FULL_SYNCS = 1.5
-#: How long start-up tries to read the cluster id (the default fleet name) before giving up.
-CLUSTER_ID_TIMEOUT_S = 15.0
 
 _URGENT_MIN_INTERVAL_S = URGENT_MIN_INTERVAL_MS / 1000.0
 
@@ -441,54 +437,3 @@ class FleetExchange:
                 by_user[user].append(pid)
             for user, pids in by_user.items():
                 self.engine.learn_producer_ids(user, pids, now_ms)
-
-
-# -- start-up ---------------------------------------------------------------------------------------
-
-
-async def fetch_cluster_id(upstream: list[Address], tls: ssl.SSLContext | None = None,
-                           timeout: float = 5.0) -> str:
-    """The cluster id, from a Metadata answer of the first bootstrap server that gives one."""
-    errors = []
-    for host, port in upstream:
-        try:
-            metadata = await fetch_metadata(host, port, tls, timeout, client_id="kthrottle-fleet")
-            if metadata.cluster_id:
-                return str(metadata.cluster_id)
-            errors.append(f"{host}:{port}: no cluster id")
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
-    raise ConnectionError("; ".join(errors))
-
-
-async def _fleet_name(settings: ProxySettings, fleet: FleetSettings, tls: ssl.SSLContext | None) -> str:
-    if fleet.name is not None:
-        return fleet.name
-    deadline = time.monotonic() + CLUSTER_ID_TIMEOUT_S
-    while True:
-        try:
-            return check_name(await fetch_cluster_id(settings.upstream, tls), "the cluster id")
-        except ConnectionError as exc:
-            if time.monotonic() > deadline:
-                raise SettingsError(f"fleet.name is not set and the cluster id (its default) could not be "
-                                    f"read within {CLUSTER_ID_TIMEOUT_S:g} s: {exc}; set fleet.name") from exc
-            await asyncio.sleep(1.0)
-
-
-async def start_fleet(settings: ProxySettings, server: ProxyServer) -> FleetExchange:
-    """Join the fleet of `settings.fleet`: membership, exchange, and the peers' state before clients."""
-    fleet = settings.fleet
-    assert fleet is not None
-    upstream_tls = server.tls.upstream if server.tls is not None else None
-    name = await _fleet_name(settings, fleet, upstream_tls.current if upstream_tls is not None else None)
-    membership: Membership
-    if fleet.membership == "zookeeper":
-        assert fleet.zookeeper is not None
-        membership = ZooKeeperMembership(fleet.zookeeper, fleet.zookeeper_chroot or "", name,
-                                         fleet.advertised)
-    else:
-        membership = StaticMembership(fleet.peers, {fleet.advertised, fleet.listen})
-    exchange = FleetExchange(server.engine, fleet, name, membership, FleetMetrics(server.metrics.registry))
-    await exchange.start()
-    await exchange.wait_for_peers()
-    return exchange
