@@ -1,0 +1,217 @@
+"""Emptying some partitions' records in a Fetch response, the rest kept byte for byte.
+
+KIP-73's leader answers a throttled partition with empty records while the throttle is over; a
+proxy does the same to a response it holds whole. Each partition with records is offered, in
+response order, to a decision (topic, partition, record bytes) -> let through?; a refused one gets
+empty records, as a broker sends for a partition with nothing to return (non-null, length 0).
+Everything else stays exactly as the broker sent it: offsets, high watermark, last stable offset,
+log start offset, aborted transactions, preferred read replica, errors, the partitions' tagged
+fields (diverging epoch, current leader, snapshot id), the fetch session id, and the KIP-951
+NodeEndpoints tagged field of v16+. The client then asks for the same offsets again, whether or
+not it uses an incremental fetch session.
+
+By hand, not with kafka-python's `FetchResponse` class: decoding copies every record batch and
+re-encoding drops nothing but costs time in proportion to the records, on the one path that
+carries them. This reader steps over the fields by their sizes (records by their length, never
+copied) in the order of Kafka's `FetchResponse.json`, and copies the response once, only when a
+partition is emptied; when none is, the very same bytes object comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .errors import MalformedBody, MalformedHeader
+from .headers import read_uvarint, skip_tagged_fields
+
+#: The versions this reader knows (kafka-python's FetchResponse range; the proxy offers no other).
+FETCH_FIRST_READABLE = 4
+FETCH_LAST_READABLE = 18
+#: FetchResponse.json: LogStartOffset from v5, ErrorCode and SessionId from v7, PreferredReadReplica
+#: from v11, flexible (compact lengths, tagged fields, response header v1) from v12, TopicId
+#: (a 16-byte uuid) instead of the topic name from v13.
+FETCH_FIRST_LOG_START_OFFSET = 5
+FETCH_FIRST_SESSION = 7
+FETCH_FIRST_PREFERRED_READ_REPLICA = 11
+FETCH_FIRST_FLEXIBLE = 12
+FETCH_FIRST_TOPIC_ID = 13
+_UUID = 16
+#: An aborted transaction: producer id and first offset.
+_ABORTED_TRANSACTION = 16
+
+#: (topic name, partition index, record bytes) -> True to let the records through.
+PartitionDecision = Callable[[str, int, int], bool]
+#: A topic id (16 bytes) -> its name, None when not known (its partitions are then let through).
+TopicNameOf = Callable[[bytes], "str | None"]
+
+_EMPTY = b"\x00\x00\x00\x00"  # records of length 0
+_EMPTY_COMPACT = b"\x01"  # compact records of length 0 (uvarint of length + 1)
+
+
+class _FieldError(Exception):
+    """A field that does not add up, and where; turned into `MalformedBody` with the frame's facts."""
+
+    def __init__(self, field: str, offset: int, problem: str = "runs past the end") -> None:
+        super().__init__(f"{field} at offset {offset} {problem}")
+
+
+def _length(frame: bytes, pos: int, flexible: bool, width: int, field: str) -> tuple[int, int]:
+    """A length or count: compact (uvarint, 0 is null) or a signed `width`-byte int; null is -1."""
+    if flexible:
+        try:
+            value, end = read_uvarint(frame, pos)
+        except MalformedHeader as exc:
+            raise _FieldError(field, pos, f"is not a varint ({exc})") from None
+        return value - 1, end
+    end = pos + width
+    if end > len(frame):
+        raise _FieldError(field, pos)
+    return int.from_bytes(frame[pos:end], "big", signed=True), end
+
+
+def _tags(frame: bytes, pos: int, field: str) -> int:
+    try:
+        return skip_tagged_fields(frame, pos)
+    except MalformedHeader as exc:
+        raise _FieldError(field, pos, f"does not parse ({exc})") from None
+
+
+def _response_body_offset(frame: bytes, flexible: bool) -> int:
+    """After the correlation id, and the header's tagged fields for flexible versions (header v1)."""
+    if len(frame) < 4:
+        raise _FieldError("correlation id", 0)
+    return _tags(frame, 4, "response header tagged fields") if flexible else 4
+
+
+def empty_refused_partitions(frame: bytes, api_version: int, decide: PartitionDecision,
+                             topic_name: TopicNameOf | None = None) -> bytes:
+    """The Fetch response `frame` (header included, no size prefix) with refused partitions emptied.
+
+    `decide` is asked once per partition whose records are not empty, in response order, with the
+    topic's name: v4 to v12 carry it; v13+ carry the topic id, turned into a name by `topic_name`
+    (a partition of a topic it does not know is let through without asking). Returns `frame`
+    itself when every partition is let through. Raises `MalformedBody` naming the field and its
+    offset when the bytes do not add up, and ValueError for a version outside v4 to v18.
+    """
+    if not FETCH_FIRST_READABLE <= api_version <= FETCH_LAST_READABLE:
+        raise ValueError(f"Fetch v{api_version} is outside v{FETCH_FIRST_READABLE} to "
+                         f"v{FETCH_LAST_READABLE}, the versions this reader knows")
+    by_id = api_version >= FETCH_FIRST_TOPIC_ID
+    if by_id and topic_name is None:
+        raise ValueError(f"Fetch v{api_version} names topics by id: a topic_name lookup is needed")
+    try:
+        return _empty(frame, api_version, decide, topic_name)
+    except _FieldError as exc:
+        raise MalformedBody(f"Fetch v{api_version} response of {len(frame)} bytes does not parse: "
+                            f"{exc}") from None
+
+
+def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: TopicNameOf | None) -> bytes:
+    flexible = version >= FETCH_FIRST_FLEXIBLE
+    by_id = version >= FETCH_FIRST_TOPIC_ID
+    size = len(frame)
+    pos = _response_body_offset(frame, flexible)
+    pos += 10 if version >= FETCH_FIRST_SESSION else 4  # throttle time (error code, session id)
+    # Partition index, error code, high watermark, last stable offset (v4+), log start offset (v5+).
+    fixed = 30 if version >= FETCH_FIRST_LOG_START_OFFSET else 22
+    replica = 4 if version >= FETCH_FIRST_PREFERRED_READ_REPLICA else 0
+    empty = _EMPTY_COMPACT if flexible else _EMPTY
+    view: memoryview | None = None
+    pieces: list[bytes | memoryview] = []
+    copied = 0
+    if pos > size:
+        raise _FieldError("the fields before the topics", pos)
+    topics, pos = _length(frame, pos, flexible, 4, "topics count")
+    if topics > size - pos:  # every topic takes more than a byte
+        raise _FieldError("topics count", pos, f"{topics} is more than the bytes left")
+    for _ in range(topics):
+        name: str | None
+        if by_id:
+            end = pos + _UUID
+            if end > size:
+                raise _FieldError("topic id", pos)
+            assert topic_name is not None
+            name = topic_name(frame[pos:end])
+        else:
+            length, start = _length(frame, pos, flexible, 2, "topic name length")
+            end = start + length
+            if length < 0 or end > size:
+                raise _FieldError("topic name", pos, f"of length {length} does not fit")
+            name = frame[start:end].decode("utf-8", errors="replace")
+        pos = end
+        partitions, pos = _length(frame, pos, flexible, 4, "partitions count")
+        if partitions > size - pos:
+            raise _FieldError("partitions count", pos, f"{partitions} is more than the bytes left")
+        for _ in range(partitions):
+            if pos + fixed > size:
+                raise _FieldError("partition", pos)
+            index = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
+            pos += fixed
+            # Counts, lengths and empty tag sections are read inline: this loop runs per
+            # partition, and a call per field doubled its cost.
+            aborted_at = pos
+            if not flexible:
+                if pos + 4 > size:
+                    raise _FieldError("aborted transactions count", pos)
+                aborted = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
+                pos += 4
+            elif pos < size and frame[pos] < 0x80:
+                aborted = frame[pos] - 1
+                pos += 1
+            else:
+                aborted, pos = _length(frame, pos, True, 4, "aborted transactions count")
+            if aborted > 0:
+                if flexible:
+                    for _ in range(aborted):
+                        pos = _tags(frame, pos + _ABORTED_TRANSACTION, "aborted transaction tagged fields")
+                else:
+                    pos += aborted * _ABORTED_TRANSACTION
+                if pos > size:
+                    raise _FieldError("aborted transactions", pos)
+            elif aborted < -1:
+                raise _FieldError("aborted transactions count", aborted_at, f"is {aborted}")
+            pos += replica
+            records_at = pos
+            if not flexible:
+                if pos + 4 > size:
+                    raise _FieldError("records length", pos)
+                length = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
+                pos += 4
+            elif pos < size and frame[pos] < 0x80:
+                length = frame[pos] - 1
+                pos += 1
+            else:
+                length, pos = _length(frame, pos, True, 4, "records length")
+            if length > 0:
+                end = pos + length
+                if end > size:
+                    raise _FieldError("records", pos, f"of {length} bytes run past the end")
+                if name is not None and not decide(name, index, length):
+                    if view is None:
+                        view = memoryview(frame)
+                    pieces.append(view[copied:records_at])
+                    pieces.append(empty)
+                    copied = end
+                pos = end
+            elif length < -1:
+                raise _FieldError("records length", records_at, f"is {length}")
+            if flexible:
+                if pos < size and frame[pos] == 0:
+                    pos += 1
+                else:
+                    pos = _tags(frame, pos, "partition tagged fields")
+        if flexible:
+            pos = _tags(frame, pos, "topic tagged fields")
+    if flexible:
+        pos = _tags(frame, pos, "response tagged fields")  # NodeEndpoints (v16+) among them
+    if pos != size:
+        raise _FieldError("the end of the response", pos, f"is followed by {size - pos} more bytes"
+                          if pos < size else "runs past the end")
+    if view is None:
+        return frame
+    pieces.append(view[copied:])
+    return b"".join(pieces)
+
+
+__all__ = ["FETCH_FIRST_READABLE", "FETCH_LAST_READABLE", "PartitionDecision", "TopicNameOf",
+           "empty_refused_partitions"]
