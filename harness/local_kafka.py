@@ -190,9 +190,10 @@ class LocalKafka:
         classpath = kafka_classpath()
         libs = Path(classpath).parent
         archive_kind = ""
-        if self.telemetry:  # another classpath: class-data archives of their own
-            classpath += os.pathsep + str(telemetry.build_plugin())
-            archive_kind = "-telemetry"
+        if self.telemetry:  # another classpath: class-data archives of their own, per build of the plugin
+            plugin = telemetry.build_plugin()
+            classpath += os.pathsep + str(plugin)
+            archive_kind = f"-telemetry-{plugin.parent.name}"
         if self._given_workdir is not None:
             self.workdir = Path(self._given_workdir).resolve()
             self.workdir.mkdir(parents=True, exist_ok=True)

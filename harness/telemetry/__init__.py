@@ -20,6 +20,7 @@ import struct
 import subprocess
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ..maven import cache_root
 from ..probes import recv_exact
 
 _SOURCE = Path(__file__).resolve().parent / "TelemetryRecorder.java"
+_JAR = "kthrottle-telemetry-recorder.jar"
 
 REPORTER_CLASS = "io.kthrottle.harness.telemetry.TelemetryRecorder"
 """The ``metric.reporters`` entry."""
@@ -77,33 +79,42 @@ class Subscription:
 
 
 def build_plugin() -> Path:
-    """The directory of the compiled recorder classes, for a broker's classpath; compiled the first time.
+    """The recorder's jar, for a broker's classpath; compiled the first time.
 
-    Keyed by the source and the jar set, so an edit or a new Kafka recompiles; a file lock keeps
-    parallel test runs from compiling into one directory, and the rename makes a copy whole or absent.
+    A jar, not a directory of classes: the JVM refuses to record a class-data archive (the harness's
+    ``ClassArchive``) whose classpath holds a non-empty directory. Keyed by the source and the jar set,
+    so an edit or a new Kafka recompiles; a file lock keeps parallel test runs from compiling into one
+    directory, and the rename makes a build whole or absent.
     """
     libs = ensure_kafka_jars()
     jars = sorted((p.name, p.stat().st_size) for p in libs.glob("*.jar"))
     key = hashlib.sha256(_SOURCE.read_bytes() + repr((str(libs.resolve()), jars)).encode()).hexdigest()[:16]
     base = cache_root() / f"kafka-{KAFKA_VERSION}" / "telemetry-plugin"
-    classes = base / key
-    if classes.is_dir():
-        return classes
+    built = base / key
+    jar = built / _JAR
+    if jar.is_file():
+        return jar
     base.mkdir(parents=True, exist_ok=True)
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if classes.is_dir():
-            return classes
+        if jar.is_file():
+            return jar
         partial = base / f"{key}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        cmd = [java_tool("javac"), "-nowarn", "--release", "17", "-d", str(partial),
+        classes = partial / "classes"
+        cmd = [java_tool("javac"), "-nowarn", "--release", "17", "-d", str(classes),
                "-cp", kafka_classpath(), str(_SOURCE)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"compiling the telemetry recorder failed ({' '.join(cmd)}):\n"
                                f"{(done.stdout + done.stderr).strip()[-4000:]}")
-        partial.rename(classes)
-    return classes
+        with zipfile.ZipFile(partial / _JAR, "w") as archive:
+            archive.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+            for path in sorted(classes.rglob("*.class")):
+                archive.write(path, path.relative_to(classes).as_posix())
+        shutil.rmtree(built, ignore_errors=True)
+        partial.rename(built)
+    return jar
 
 
 def broker_properties(record_file: Path) -> dict[str, str | int]:
@@ -118,9 +129,7 @@ def read_pushes(record_file: Path, node_id: int) -> list[Push]:
     except FileNotFoundError:
         return []
     pushes = []
-    for line in text.splitlines():
-        if not line.endswith(tuple("0123456789")):
-            continue  # a line still being written
+    for line in text.split("\n")[:-1]:  # the last piece is empty, or a line still being written
         instance, client_id, principal, listener, address, terminating, content, size, interval = (
             line.split("\t"))
         pushes.append(Push(node_id, instance, client_id, principal, listener, address, terminating == "true",
