@@ -3,25 +3,31 @@
 Fetch v13+ names topics by id (KIP-516) while operators name topics in partition throttles. A
 client learns a topic's id only from a Metadata response (v10+ carry `TopicId`), and every
 Metadata response it gets comes through the proxy, so the proxy learns the same mapping on the
-way. A topic id the map does not hold (learned before the proxy started, or evicted) is counted
-as a miss; the client's next Metadata response (at least every `metadata.max.age.ms`, 5 minutes
-by default) teaches it again.
+way, for the topics it needs: the throttled ones. A throttled topic whose id the proxy has not
+seen in a Metadata response since it started (or since the throttle was added) is not throttled
+in Fetch v13+ responses until the client's next Metadata response names it (clients refresh at
+least every `metadata.max.age.ms` / `topic.metadata.refresh.interval.ms`, 5 minutes by default).
 
-Read by hand, after the brokers array (`broker_array.py`): the topics array is stepped over
-field by field in the order of Kafka's `MetadataResponse.json`, partitions by their sizes,
-copying only each topic's name and id.
+Read by hand, after the brokers array (`broker_array.py`): the topics array is stepped over in
+the order of Kafka's `MetadataResponse.json`, partitions by their sizes, copying only the names
+and ids of wanted topics. Stepping costs about a microsecond per partition, so a response in
+which no wanted name occurs at all (a C-speed substring test) is not walked, and a walk stops
+once every wanted name that occurs has been found.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Iterable
 
 from .broker_array import METADATA_FIRST_FLEXIBLE, METADATA_FIRST_RACK, metadata_brokers
 from .errors import MalformedBody, MalformedHeader
 from .headers import read_uvarint, response_body_offset, skip_tagged_fields
 
 #: Topic ids remembered; past this the oldest learned is forgotten first. Kafka has no bound of
-#: its own (a broker's metadata cache holds every topic of the cluster); 100,000 topics is beyond
-#: what Kafka clusters run (~18 MB here for 100,000 ids with 30-character names).
-MAX_TOPIC_IDS = 100_000
+#: its own (a broker's metadata cache holds every topic of the cluster). Only throttled topics are
+#: learned (at most `MAX_PARTITION_THROTTLES` = 1000 topics, each with a new id whenever it is
+#: deleted and created again), so this is only a backstop: ~2 MB at most.
+MAX_TOPIC_IDS = 10_000
 
 #: MetadataResponse.json: ClusterId from v2, TopicId from v10, LeaderEpoch from v7,
 #: OfflineReplicas from v5, topic AuthorizedOperations from v8.
@@ -38,15 +44,13 @@ ZERO_UUID = bytes(_UUID)
 class TopicNames:
     """A bounded map topic id -> name (one per proxy process: clients fetch on other connections)."""
 
-    __slots__ = ("_names", "max_topics", "misses")
+    __slots__ = ("_names", "max_topics")
 
     def __init__(self, max_topics: int = MAX_TOPIC_IDS) -> None:
         if max_topics < 1:
             raise ValueError(f"max_topics must be at least 1, got {max_topics}")
         self.max_topics = max_topics
         self._names: dict[bytes, str] = {}
-        #: lookups of an id the map did not hold (their partitions went through unthrottled)
-        self.misses = 0
 
     def learn(self, topic_id: bytes, name: str) -> None:
         if len(topic_id) != _UUID or topic_id == ZERO_UUID:
@@ -60,10 +64,12 @@ class TopicNames:
             del names[next(iter(names))]
 
     def name(self, topic_id: bytes) -> str | None:
-        found = self._names.get(topic_id)
-        if found is None:
-            self.misses += 1
-        return found
+        return self._names.get(topic_id)
+
+    def unknown(self, topics: Iterable[str]) -> list[str]:
+        """Those of `topics` no id is known for (their Fetch v13+ partitions cannot be matched)."""
+        known = set(self._names.values())
+        return sorted(topic for topic in topics if topic not in known)
 
     def __len__(self) -> int:
         return len(self._names)
@@ -104,13 +110,29 @@ def _int32_array(frame: bytes, pos: int, flexible: bool, field: str) -> int:
     return pos
 
 
-def learn_metadata_topics(names: TopicNames, frame: bytes, api_version: int) -> int:
-    """Learn the topic ids of a Metadata response frame (header included, no size prefix).
+def _skip_partition(frame: bytes, pos: int, fixed: int, flexible: bool, offline: bool) -> int:
+    """Position after one partition entry, field by field (errors name the field and offset)."""
+    pos = _int32_array(frame, pos + fixed, flexible, "replica nodes")
+    pos = _int32_array(frame, pos, flexible, "isr nodes")
+    if offline:
+        pos = _int32_array(frame, pos, flexible, "offline replicas")
+    if flexible:
+        pos = _tags(frame, pos, "partition tagged fields")
+    return pos
 
-    Returns how many topics it learned (named, with a non-zero id; none before v10). Raises
-    `MalformedBody` naming the field and offset when the topics array does not add up.
+
+def learn_metadata_topics(names: TopicNames, frame: bytes, api_version: int, wanted: Collection[str]) -> int:
+    """Learn the ids of the `wanted` topics in a Metadata response frame (header included, no size
+    prefix), e.g. `PartitionThrottles.topics`.
+
+    Returns how many it learned (none before v10, which carry no ids). Raises `MalformedBody`
+    naming the field and offset when the part of the topics array it reads does not add up.
     """
-    if api_version < METADATA_FIRST_TOPIC_ID:
+    if api_version < METADATA_FIRST_TOPIC_ID or not wanted:
+        return 0
+    encoded = {topic.encode("utf-8") for topic in wanted}
+    present = sum(1 for topic in encoded if topic in frame)
+    if not present:
         return 0
     flexible = api_version >= METADATA_FIRST_FLEXIBLE
     try:
@@ -119,13 +141,19 @@ def learn_metadata_topics(names: TopicNames, frame: bytes, api_version: int) -> 
         raise MalformedBody(f"Metadata v{api_version} response header: {exc}") from None
     pos = metadata_brokers(frame, start, api_version).end
     try:
-        return _learn(names, frame, pos, api_version, flexible)
+        return _learn(names, frame, pos, api_version, flexible, encoded, present)
     except _FieldError as exc:
         raise MalformedBody(f"Metadata v{api_version} response of {len(frame)} bytes does not parse: "
                             f"{exc}") from None
 
 
-def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bool) -> int:
+def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bool, wanted: set[bytes],
+           present: int) -> int:
+    """Walk the topics array until the `present` wanted names occurring in the frame are found.
+
+    `present` may count a name that only occurs inside another topic's name; the walk then runs
+    to the end of the array, which costs time, never a wrong answer.
+    """
     size = len(frame)
     if version >= METADATA_FIRST_CLUSTER_ID:
         length, pos = _length(frame, pos, flexible, 2, "cluster id length")
@@ -141,27 +169,49 @@ def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bo
     fixed = 14 if version >= METADATA_FIRST_LEADER_EPOCH else 10
     offline = version >= METADATA_FIRST_OFFLINE_REPLICAS
     operations = 4 if version >= METADATA_FIRST_TOPIC_AUTHORIZED_OPERATIONS else 0
+    found: set[bytes] = set()
     learned = 0
     for _ in range(topics):
         length, start = _length(frame, pos + 2, flexible, 2, "topic name length")  # after error code
         end = start + max(length, 0)  # null (v12+) when the request named topics by id
         if length < -1 or end + _UUID + 1 > size:
             raise _FieldError("topic name and id", pos + 2, f"of name length {length} do not fit")
-        topic_id = frame[end : end + _UUID]
-        if length >= 0 and topic_id != ZERO_UUID:
-            names.learn(topic_id, frame[start:end].decode("utf-8", errors="replace"))
-            learned += 1
+        raw = frame[start:end]
+        if length >= 0 and raw in wanted:
+            topic_id = frame[end : end + _UUID]
+            if topic_id != ZERO_UUID:  # an error entry (unknown topic) has no id
+                names.learn(topic_id, raw.decode("utf-8"))
+                learned += 1
+            found.add(raw)
+            if len(found) == present:
+                return learned
         pos = end + _UUID + 1  # id, is_internal
         partitions, pos = _length(frame, pos, flexible, 4, "partitions count")
         if partitions > size - pos:
             raise _FieldError("partitions count", pos, f"{partitions} is more than the bytes left")
-        for _ in range(partitions):
-            pos = _int32_array(frame, pos + fixed, flexible, "replica nodes")
-            pos = _int32_array(frame, pos, flexible, "isr nodes")
-            if offline:
-                pos = _int32_array(frame, pos, flexible, "offline replicas")
-            if flexible:
-                pos = _tags(frame, pos, "partition tagged fields")
+        if flexible and offline:
+            for _ in range(partitions):
+                # Inline: three compact int32 arrays (count + 1, then 4 bytes each) and an empty
+                # tag section; anything else (a null or two-byte count, tags, too few bytes) is
+                # stepped again field by field, which names what is wrong.
+                p = pos + fixed
+                try:
+                    first = frame[p]
+                    p += 4 * first - 3
+                    second = frame[p]
+                    p += 4 * second - 3
+                    third = frame[p]
+                    p += 4 * third - 3
+                    tags = frame[p]
+                except IndexError:
+                    first = 0
+                if 0 < first < 0x80 and 0 < second < 0x80 and 0 < third < 0x80 and tags == 0:
+                    pos = p + 1
+                else:
+                    pos = _skip_partition(frame, pos, fixed, flexible, offline)
+        else:
+            for _ in range(partitions):
+                pos = _skip_partition(frame, pos, fixed, flexible, offline)
         pos += operations
         if flexible:
             pos = _tags(frame, pos, "topic tagged fields")

@@ -67,15 +67,14 @@ class PartitionThrottleCollector(Collector):
         families: list[GaugeMetricFamily | CounterMetricFamily] = [
             rate, limit, let_through, withheld, withheld_partitions]
         if self.topic_names is not None:
-            known = GaugeMetricFamily(
-                "kthrottle_partition_throttle_topic_ids",
-                "Topic ids whose names the proxy learned from Metadata responses (Fetch v13+ names "
-                "topics by id)", value=len(self.topic_names))
-            misses = CounterMetricFamily(
-                "kthrottle_partition_throttle_unknown_topic_ids",
-                "Topic entries of Fetch v13+ responses whose id the proxy had not learned: their partitions "
-                "went through unthrottled", value=self.topic_names.misses)
-            families += [known, misses]
+            unknown = GaugeMetricFamily(
+                "kthrottle_partition_throttle_topic_id_unknown",
+                "1 while no Metadata response has told the proxy this throttled topic's id: its "
+                "partitions go through Fetch v13+ responses unthrottled until one does", labels=["topic"])
+            missing = set(self.topic_names.unknown(self.throttles.topics))
+            for topic in sorted(self.throttles.topics):
+                unknown.add_metric([topic], 1.0 if topic in missing else 0.0)
+            families.append(unknown)
         self._families = families
 
 

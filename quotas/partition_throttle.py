@@ -151,6 +151,7 @@ class PartitionThrottles:
         self._states: dict[str, ThrottleState] = {}
         #: topic -> the throttles naming it, in configuration order
         self._by_topic: dict[str, tuple[ThrottleState, ...]] = {}
+        self._topics: frozenset[str] = frozenset()
         #: whether some throttle has neither a user nor a client-id filter
         self._for_everyone = False
         self._applies: dict[tuple[str, str], bool] = {}
@@ -184,6 +185,7 @@ class PartitionThrottles:
             by_topic.setdefault(definition.topic, []).append(state)
         self._states = states
         self._by_topic = {topic: tuple(found) for topic, found in by_topic.items()}
+        self._topics = frozenset(by_topic)
         self._for_everyone = any(d.users is None and d.client_ids is None for d in definitions)
         self._applies = {}
 
@@ -193,8 +195,8 @@ class PartitionThrottles:
 
     @property
     def topics(self) -> frozenset[str]:
-        """Topics some throttle names."""
-        return frozenset(self._by_topic)
+        """Topics some throttle names (whose ids the proxy must learn for Fetch v13+)."""
+        return self._topics
 
     def __bool__(self) -> bool:
         return bool(self._states)

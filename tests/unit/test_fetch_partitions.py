@@ -157,7 +157,7 @@ def test_topic_ids_unknown_are_let_through_and_counted() -> None:
     asked, decide = refuse(("logs", 0))
     emptied = empty_refused_partitions(frame, 13, decide, known.name)
     assert asked == [("logs", 0, 300)]
-    assert known.misses == 1
+    assert known.unknown(["orders", "logs"]) == ["orders"]
     assert len(emptied) == len(frame) - 300 - 1  # a two-byte compact length became one byte
 
 
@@ -267,36 +267,75 @@ def metadata_frame(version: int, topics: list[tuple[str | None, uuid.UUID, int]]
                             for name, topic_id, count in topics])
 
 
+WANTED = frozenset({"orders", "logs", "unknown"})
+
+
 @pytest.mark.parametrize("version", range(10, 14))
-def test_metadata_teaches_topic_ids(version: int) -> None:
-    frame = metadata_frame(version, [("orders", ORDERS_ID, 3), ("logs", LOGS_ID, 0),
-                                     ("unknown", uuid.UUID(int=0), 0)])
+def test_metadata_teaches_wanted_topic_ids(version: int) -> None:
+    frame = metadata_frame(version, [("other", uuid.UUID(int=99), 2), ("orders", ORDERS_ID, 3),
+                                     ("logs", LOGS_ID, 0), ("unknown", uuid.UUID(int=0), 0)])
     found = TopicNames()
-    assert learn_metadata_topics(found, frame, version) == 2
+    assert learn_metadata_topics(found, frame, version, WANTED) == 2
     assert (found.name(ORDERS_ID.bytes), found.name(LOGS_ID.bytes)) == ("orders", "logs")
+    assert found.name(uuid.UUID(int=99).bytes) is None  # not throttled: not kept
     assert len(found) == 2
+    assert found.unknown(WANTED) == ["unknown"]
+
+
+def test_metadata_walk_goes_on_past_names_inside_other_names() -> None:
+    frame = metadata_frame(12, [("my-orders", uuid.UUID(int=5), 1), ("logs", LOGS_ID, 1),
+                                ("orders", ORDERS_ID, 2)])
+    found = TopicNames()
+    assert learn_metadata_topics(found, frame, 12, {"orders"}) == 1
+    assert found.name(ORDERS_ID.bytes) == "orders" and len(found) == 1
+
+
+def test_metadata_without_wanted_names_is_not_read() -> None:
+    frame = metadata_frame(12, [("logs", LOGS_ID, 1)])
+    garbage = frame[:-8]  # truncated, but no wanted name occurs in it
+    assert learn_metadata_topics(TopicNames(), garbage, 12, {"orders"}) == 0
+    assert learn_metadata_topics(TopicNames(), frame, 12, set()) == 0
 
 
 @pytest.mark.parametrize("version", [1, 9])
 def test_metadata_before_v10_has_no_ids(version: int) -> None:
     found = TopicNames()
-    assert learn_metadata_topics(found, metadata_frame(version, [("orders", ORDERS_ID, 1)]), version) == 0
+    frame = metadata_frame(version, [("orders", ORDERS_ID, 1)])
+    assert learn_metadata_topics(found, frame, version, WANTED) == 0
     assert len(found) == 0
 
 
 def test_metadata_topics_named_by_id_only_are_skipped() -> None:
     found = TopicNames()
     frame = metadata_frame(12, [(None, ORDERS_ID, 1), ("logs", LOGS_ID, 1)])
-    assert learn_metadata_topics(found, frame, 12) == 1
+    assert learn_metadata_topics(found, frame, 12, WANTED) == 1
     assert found.name(ORDERS_ID.bytes) is None and found.name(LOGS_ID.bytes) == "logs"
 
 
 @pytest.mark.parametrize("version", [10, 12])
 def test_truncated_metadata_is_malformed(version: int) -> None:
-    frame = metadata_frame(version, [("orders", ORDERS_ID, 2), ("logs", LOGS_ID, 1)])
-    for end in range(len(frame) - 12):  # up to the last partition's replica arrays
+    frame = metadata_frame(version, [("orders", uuid.UUID(int=5), 2), ("zzz", uuid.UUID(int=6), 2),
+                                     ("logs", LOGS_ID, 1)])
+    name_at = frame.index(b"logs")
+    for end in range(name_at):  # every cut before the wanted name, which still occurs in the rest
+        cut = frame[:end] + frame[name_at:name_at + 4]
         with pytest.raises(MalformedBody, match=f"Metadata v{version} response"):
-            learn_metadata_topics(TopicNames(), frame[:end], version)
+            learn_metadata_topics(TopicNames(), cut, version, {"logs"})
+
+
+def test_metadata_partitions_with_many_replicas() -> None:
+    """The inline step and the field-by-field path agree (200 replicas need a two-byte count)."""
+    many = list(range(200))
+    frame = response(MetadataResponse, 12, 5, throttle_time_ms=0, brokers=[], cluster_id=None,
+                     controller_id=1, authorized_operations=set(), error_code=0,
+                     topics=[MT(error_code=0, name="big", topic_id=uuid.UUID(int=3), is_internal=False,
+                                partitions=[MP(error_code=0, partition_index=0, leader_id=1, leader_epoch=2,
+                                               replica_nodes=many, isr_nodes=many, offline_replicas=[])]),
+                             MT(error_code=0, name="logs", topic_id=LOGS_ID, is_internal=True,
+                                partitions=[])])
+    found = TopicNames()
+    assert learn_metadata_topics(found, frame, 12, {"logs"}) == 1
+    assert found.name(LOGS_ID.bytes) == "logs"
 
 
 def test_topic_names_are_bounded_oldest_first() -> None:

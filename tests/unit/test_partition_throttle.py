@@ -115,6 +115,7 @@ def test_other_topics_and_partitions_are_untouched() -> None:
     assert live.decide("u", "c", "events", 1, 10**9, 0)
     assert live.decide("u", "c", "other", 0, 10**9, 0)
     assert live.stats(0)[0].let_through_bytes == 100
+    assert live.topics == frozenset({"events"})
 
 
 def test_empty_records_are_not_decided() -> None:
@@ -308,8 +309,9 @@ def test_metrics_report_rate_bound_and_counters() -> None:
     live = throttles(throttle("backfill", byte_rate=1000))
     live.decide("u", "c", "events", 0, 2000, 0)
     live.decide("u", "c", "events", 1, 300, 0)
+    live.set_throttles([*live.throttles, throttle("logs", topic="logs")])
     names = TopicNames()
-    names.name(bytes(16))
+    names.learn(b"\x01" * 16, "events")
     registry = CollectorRegistry()
     collector = register_partition_throttle_metrics(registry, live, names)
     assert b"kthrottle_partition_throttle" not in generate_latest(registry)  # nothing before a refresh
@@ -321,8 +323,8 @@ def test_metrics_report_rate_bound_and_counters() -> None:
     assert f"kthrottle_partition_throttle_let_through_bytes_total{labels} 2000.0" in text
     assert f"kthrottle_partition_throttle_withheld_bytes_total{labels} 300.0" in text
     assert f"kthrottle_partition_throttle_withheld_partitions_total{labels} 1.0" in text
-    assert "kthrottle_partition_throttle_unknown_topic_ids_total 1.0" in text
-    assert "kthrottle_partition_throttle_topic_ids 0.0" in text
+    assert 'kthrottle_partition_throttle_topic_id_unknown{topic="events"} 0.0' in text
+    assert 'kthrottle_partition_throttle_topic_id_unknown{topic="logs"} 1.0' in text
 
 
 def test_window_config_is_used() -> None:
