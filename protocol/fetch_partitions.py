@@ -20,9 +20,11 @@ partition is emptied; when none is, the very same bytes object comes back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from .errors import MalformedBody, MalformedHeader
 from .headers import read_uvarint, skip_tagged_fields
+from .topic_names import TopicNames
 
 #: The versions this reader knows (kafka-python's FetchResponse range; the proxy offers no other).
 FETCH_FIRST_READABLE = 4
@@ -46,6 +48,34 @@ TopicNameOf = Callable[[bytes], "str | None"]
 
 _EMPTY = b"\x00\x00\x00\x00"  # records of length 0
 _EMPTY_COMPACT = b"\x01"  # compact records of length 0 (uvarint of length + 1)
+
+
+class PartitionThrottlePolicy(Protocol):
+    """What the connection asks the partition throttles (`quotas.partition_throttle.PartitionThrottles`)."""
+
+    @property
+    def topics(self) -> frozenset[str]: ...
+
+    def applies_to(self, user: str, client_id: str) -> bool: ...
+
+    def decide(self, user: str, client_id: str, topic: str, partition: int, record_bytes: int,
+               now_ms: int) -> bool: ...
+
+
+def throttle_fetch_response(policy: PartitionThrottlePolicy, topic_names: TopicNames, user: str,
+                            client_id: str, frame: bytes, api_version: int, now_ms: int) -> bytes:
+    """A Fetch response frame as the client must get it under the partition throttles.
+
+    The very same bytes when no throttle concerns this client (nothing is read) or none refused
+    a partition; see `empty_refused_partitions`.
+    """
+    if not policy.applies_to(user, client_id):
+        return frame
+
+    def decide(topic: str, partition: int, record_bytes: int) -> bool:
+        return policy.decide(user, client_id, topic, partition, record_bytes, now_ms)
+
+    return empty_refused_partitions(frame, api_version, decide, topic_names.name)
 
 
 class _FieldError(Exception):
@@ -213,5 +243,5 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: To
     return b"".join(pieces)
 
 
-__all__ = ["FETCH_FIRST_READABLE", "FETCH_LAST_READABLE", "PartitionDecision", "TopicNameOf",
-           "empty_refused_partitions"]
+__all__ = ["FETCH_FIRST_READABLE", "FETCH_LAST_READABLE", "PartitionDecision", "PartitionThrottlePolicy",
+           "TopicNameOf", "empty_refused_partitions", "throttle_fetch_response"]

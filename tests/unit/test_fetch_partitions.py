@@ -13,9 +13,15 @@ from kafka.protocol.metadata import MetadataResponse
 
 from protocol.apis import KNOWN_APIS, ApiKey
 from protocol.errors import MalformedBody
-from protocol.fetch_partitions import FETCH_FIRST_READABLE, FETCH_LAST_READABLE, empty_refused_partitions
+from protocol.fetch_partitions import (
+    FETCH_FIRST_READABLE,
+    FETCH_LAST_READABLE,
+    empty_refused_partitions,
+    throttle_fetch_response,
+)
 from protocol.headers import response_body_offset
 from protocol.topic_names import TopicNames, learn_metadata_topics
+from quotas.partition_throttle import PartitionThrottle, PartitionThrottles
 
 from .wire import response
 
@@ -166,6 +172,26 @@ def test_topic_ids_need_a_lookup() -> None:
         empty_refused_partitions(sample(13), 13, lambda *_: True)
     with pytest.raises(ValueError, match="Fetch v3 is outside"):
         empty_refused_partitions(sample(4), 3, lambda *_: True)
+
+
+@pytest.mark.parametrize("version", [11, 13])
+def test_throttle_fetch_response_with_the_throttles(version: int) -> None:
+    """Through `PartitionThrottles`: the first partition of `orders` fills the rate, the second is
+    emptied in the same response; `logs` and other clients are untouched."""
+    live = PartitionThrottles()
+    live.set_throttles([PartitionThrottle("backfill", "orders", None, 50.0, client_ids=frozenset({"etl"}))])
+    frame = sample(version)
+    emptied = throttle_fetch_response(live, names(), "alice", "etl", frame, version, 0)
+    got = [None if p.records is None else bytes(p.records)
+           for t in decode(emptied, version).responses for p in t.partitions]
+    assert got == [records(100), b"", None, b"", records(300, 3)]
+    (stats,) = live.stats(0)
+    assert (stats.let_through_bytes, stats.withheld_bytes) == (100, 200)
+    assert throttle_fetch_response(live, names(), "alice", "live", frame, version, 0) is frame
+    # 100 bytes over max(elapsed, 1 s) = 100 B/s > 50: still over a second later, not after two.
+    assert throttle_fetch_response(live, names(), "alice", "etl", frame, version, 1000) != frame
+    again = throttle_fetch_response(live, names(), "alice", "etl", frame, version, 2000)
+    assert len(again) == len(frame) - 200 - (1 if version >= 12 else 0)
 
 
 # -- hostile input -----------------------------------------------------------------------------------
