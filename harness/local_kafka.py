@@ -53,7 +53,7 @@ from .processes import tail as _tail
 # process helpers, which live in processes.py).
 __all__ = [
     "KAFKA_VERSION", "LISTENERS", "SASL_MECHANISMS", "SASL_USERS", "SCRAM_MECHANISMS", "SSL_CLIENT_AUTH",
-    "SSL_PRINCIPAL_MAPPING_RULES", "ClassArchive", "LocalKafka", "_die_with_parent", "_free_ports", "_tail",
+    "SSL_PRINCIPAL_MAPPING_RULES", "ClassArchive", "LocalKafka",
     "ensure_kafka_jars", "java_executable", "kafka_classpath", "main",
 ]
 

@@ -31,8 +31,9 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
-from harness.local_kafka import _die_with_parent, _free_ports, _tail, java_executable
+from harness.kafka_jars import java_executable
 from harness.maven import cache_root, fetch_once
+from harness.processes import die_with_parent, free_ports, tail
 
 ZOOKEEPER_VERSION = "3.9.5"
 
@@ -174,7 +175,7 @@ class LocalZooKeeper:
                 self.workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
                 (self.workdir / _OWNER_FILE).write_text(f"{os.getpid()}\n")
         if self.port is None:
-            self.port = _free_ports(1)[0]
+            self.port = free_ports(1)[0]
         _LIVE.add(self)
         (self.workdir / "data").mkdir(exist_ok=True)
         config = self.workdir / "zoo.cfg"
@@ -193,7 +194,7 @@ class LocalZooKeeper:
             log.flush()
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent,
             )  # fmt: skip
         try:
             self._wait_serving(began + timeout, log_offset)
@@ -263,18 +264,18 @@ class LocalZooKeeper:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"ZooKeeper exited with code {self.proc.returncode} while starting on "
-                    f"{self.connect_string}\n{_tail(self.log_path)}"
+                    f"{self.connect_string}\n{tail(self.log_path)}"
                 )
             if self._main_thread_died(log_offset):
                 raise RuntimeError(
                     f"ZooKeeper failed while starting on {self.connect_string} (its JVM stays up but will "
-                    f"never serve)\n{_tail(self.log_path)}"
+                    f"never serve)\n{tail(self.log_path)}"
                 )
             if _serving(_HOST, self.port):
                 return
             time.sleep(0.1)
         raise RuntimeError(
-            f"ZooKeeper did not serve on {self.connect_string} within the timeout\n{_tail(self.log_path)}"
+            f"ZooKeeper did not serve on {self.connect_string} within the timeout\n{tail(self.log_path)}"
         )
 
     def _main_thread_died(self, log_offset: int) -> bool:
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print(ready, file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             if not server.alive():
-                print(f"ZooKeeper exited; stopping\n{_tail(server.log_path)}", file=sys.stderr, flush=True)
+                print(f"ZooKeeper exited; stopping\n{tail(server.log_path)}", file=sys.stderr, flush=True)
                 code = 1
                 break
     except RuntimeError as exc:

@@ -283,16 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--sasl", action="store_true", help="add a SASL_PLAINTEXT listener with users")
     local.add_argument("--tls", action="store_true",
                        help="add SSL and SASL_SSL listeners (a test CA and certificates are generated)")
+    local.add_argument("--telemetry", action="store_true",
+                       help="record the client telemetry (KIP-714) brokers receive, every metric each second")
     local.set_defaults(func=None)
 
     quotas = sub.add_parser("quotas",
                             help="describe, set or delete quotas through a running proxy's admin API")
     quotas.add_argument("--bootstrap-server", required=True, help="the proxy's address, H:P")
     quotas.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
-                        help="authenticate (SASL_PLAINTEXT) as --sasl-username")
+                        help="authenticate as --sasl-username (SASL_PLAINTEXT, or SASL_SSL with --tls-ca)")
     quotas.add_argument("--sasl-username")
     quotas.add_argument("--sasl-password", default=os.environ.get("KTHROTTLE_SASL_PASSWORD"),
                         help="(default: $KTHROTTLE_SASL_PASSWORD)")
+    quotas.add_argument("--tls-ca", type=Path,
+                        help="connect over TLS, verifying the proxy's certificate against this CA (PEM)")
+    quotas.add_argument("--tls-certificate", type=Path,
+                        help="present this client certificate (PEM): the principal its subject maps to")
+    quotas.add_argument("--tls-key", type=Path, help="the client certificate's private key (PEM)")
     actions = quotas.add_subparsers(dest="action", required=True)
     for name, text in (("describe", "show quotas (all, or those of the entity given)"),
                        ("set", "set KEY=VALUE quotas on an entity"),
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         from harness import local_kafka
 
         forwarded = ([f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else [])
-                     + (["--tls"] if args.tls else []) + rest)
+                     + (["--tls"] if args.tls else []) + (["--telemetry"] if args.telemetry else []) + rest)
         return local_kafka.main(forwarded)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -115,10 +115,27 @@ def _entity_from_args(args: Any) -> Entity:
 
 
 def _connection_config(args: Any) -> dict[str, Any]:
-    if not args.sasl_mechanism:
-        return {}
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": args.sasl_mechanism,
-            "sasl_plain_username": args.sasl_username, "sasl_plain_password": args.sasl_password}
+    """kafka-python settings from the command line: SASL and/or TLS, as Kafka's security.protocol.
+
+    TLS always verifies the proxy's certificate chain (against --tls-ca) and its host name, as
+    Kafka clients do by default (ssl.endpoint.identification.algorithm=https).
+    """
+    tls = getattr(args, "tls_ca", None) is not None
+    certificate, key = getattr(args, "tls_certificate", None), getattr(args, "tls_key", None)
+    if (certificate is None) != (key is None):
+        raise ValueError("--tls-certificate and --tls-key go together")
+    if certificate is not None and not tls:
+        raise ValueError("--tls-certificate needs --tls-ca (the CA that signed the proxy's certificate)")
+    config: dict[str, Any] = {}
+    if args.sasl_mechanism:
+        config.update(sasl_mechanism=args.sasl_mechanism, sasl_plain_username=args.sasl_username,
+                      sasl_plain_password=args.sasl_password)
+    config["security_protocol"] = ("SASL_" if args.sasl_mechanism else "") + ("SSL" if tls else "PLAINTEXT")
+    if tls:
+        config.update(ssl_cafile=str(args.tls_ca), ssl_check_hostname=True)
+        if certificate is not None:
+            config.update(ssl_certfile=str(certificate), ssl_keyfile=str(key))
+    return config
 
 
 def _selector(entity: Entity) -> dict[str, str | None]:
@@ -138,7 +155,11 @@ def run_command(args: Any) -> int:
     """`kthrottle quotas describe|set|delete`; prints what happened, returns the exit code."""
     import sys
 
-    config = _connection_config(args)
+    try:
+        config = _connection_config(args)
+    except ValueError as exc:
+        print(f"kthrottle quotas: {exc}", file=sys.stderr)
+        return 2
     entity = _entity_from_args(args)
     try:
         if args.action == "describe":

@@ -473,3 +473,49 @@ def test_a_bad_tls_setting_stops_kthrottle_run_naming_it(tls_cluster: LocalKafka
                            "--config", str(config)], cwd=REPO, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert f"tls.key = '{certs.client('alice').key}' does not match tls.certificate" in done.stderr.decode()
+
+
+def _kthrottle_quotas(bootstrap: str, certs: TestCertificates, client: IssuedCertificate | None,
+                      *args: str) -> subprocess.CompletedProcess[str]:
+    """`kthrottle quotas` over TLS to the proxy, with `client`'s certificate when given."""
+    identity = [] if client is None else ["--tls-certificate", str(client.cert), "--tls-key", str(client.key)]
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", bootstrap,
+         "--tls-ca", str(certs.ca), *identity, *args],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
+
+
+def test_kthrottle_quotas_over_tls_admits_only_the_admin_certificate(
+        tls_cluster: LocalKafka, certs: TestCertificates, tmp_path: Path) -> None:
+    """`kthrottle quotas` speaks TLS: alice, an admin by the principal her certificate maps to, sets and
+    describes a quota; bob's certificate is refused the change; without a certificate the proxy, which
+    requires one, lets nothing through; and the command names a half-given identity."""
+    assert tls_cluster.ssl_bootstrap
+    tables = (listener_table(certs.server.cert, certs.server.key, ca=str(certs.ca), client_auth="required",
+                             principal_mapping_rules="RULE:^CN=([^,]+),.*$/$1/,DEFAULT")
+              + f'\n[upstream_tls]\nca = "{certs.ca}"\n')
+    with TlsProxy(tls_cluster.ssl_bootstrap, tmp_path, tables,
+                  proxy_settings='quota_admins = ["User:alice"]') as proxy:
+        alice = certs.client("alice")
+        done = _kthrottle_quotas(proxy.bootstrap, certs, alice,
+                                 "set", "--client-id", "tls-cli", "producer_byte_rate=4096")
+        assert done.returncode == 0, done.stderr
+        done = _kthrottle_quotas(proxy.bootstrap, certs, alice, "describe", "--client-id", "tls-cli")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "client-id=tls-cli: producer_byte_rate=4096", done.stdout
+
+        refused = _kthrottle_quotas(proxy.bootstrap, certs, certs.client("bob"),
+                                    "set", "--client-id", "tls-cli", "producer_byte_rate=1")
+        assert refused.returncode == 1, refused.stderr
+        assert "error 31" in refused.stderr and "User:bob may not alter" in refused.stderr, refused.stderr
+        anonymous = _kthrottle_quotas(proxy.bootstrap, certs, None, "describe")
+        assert anonymous.returncode == 1, anonymous.stdout
+        half = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
+             "--tls-ca", str(certs.ca), "--tls-certificate", str(alice.cert), "describe"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
+        assert half.returncode == 2, half.stderr
+        assert "--tls-certificate and --tls-key go together" in half.stderr, half.stderr
+        done = _kthrottle_quotas(proxy.bootstrap, certs, alice, "describe", "--client-id", "tls-cli")
+        assert done.stdout.strip() == "client-id=tls-cli: producer_byte_rate=4096", done.stdout
+        assert "Traceback" not in proxy.log()
