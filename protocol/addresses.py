@@ -6,8 +6,11 @@ on the way are returned, so the proxy knows where each node id lives.
 
 Metadata and DescribeCluster responses can be large (every topic and partition of the cluster), so
 only their brokers array is read (`broker_array.py`) and each (host, port) pair is replaced in
-place: the cost does not grow with the topics, and the rest goes on byte for byte. FindCoordinator
-answers are small and Produce/Fetch NodeEndpoints rare, so those are decoded and re-encoded.
+place: the cost does not grow with the topics, and the rest goes on byte for byte. A Fetch v16+
+response's NodeEndpoints are found by stepping over its records and spliced the same way
+(`fetch_stream.py`, which also rewrites them in responses streamed before they are complete).
+FindCoordinator answers are small and Produce NodeEndpoints rare, so those are decoded and
+re-encoded.
 ShareFetch and ShareAcknowledge (no kafka-python class) have their NodeEndpoints found by a
 hand-written reader and spliced like a brokers array; DescribeQuorum's controller listeners are
 removed, since no proxy listener stands for a controller (`node_endpoints.py`).
@@ -31,9 +34,10 @@ from typing import Any
 from .apis import KNOWN_APIS, ApiKey, api_name
 from .broker_array import BrokerArray, describe_cluster_brokers, encode_address, metadata_brokers
 from .errors import MalformedBody, MalformedHeader
+from .fetch_stream import FETCH_STREAM_VERSIONS, rewrite_fetch_response
 from .headers import response_body_offset
 from .node_endpoints import share_node_endpoints, strip_quorum_nodes
-from .skim import fetch_response_has_tags, produce_response_has_tags
+from .skim import produce_response_has_tags
 
 Address = tuple[str, int]
 #: node id -> the proxy address clients must use for it
@@ -116,11 +120,15 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
         # Controllers' addresses: removed, not reported (the proxy opens no listener for them).
         return RewriteResult(strip_quorum_nodes(frame, start, api_version))
     spec = KNOWN_APIS[api_key]
-    # NodeEndpoints is a top-level tagged field: a Produce or Fetch response without any (the
-    # broker adds them only when a leader moved) goes on untouched, skimmed but not decoded.
+    if api_key == ApiKey.FETCH:
+        # Found by stepping over the records, and spliced: the records are never decoded.
+        low, high = FETCH_STREAM_VERSIONS
+        if not low <= api_version <= high:
+            raise MalformedBody(f"Fetch v{api_version} response: the proxy reads v{low} to v{high} only")
+        return RewriteResult(*rewrite_fetch_response(frame, advertise))
+    # NodeEndpoints is a top-level tagged field: a Produce response without any (the broker adds
+    # them only when a leader moved) goes on untouched, skimmed but not decoded.
     if api_key == ApiKey.PRODUCE and not produce_response_has_tags(frame, start, api_version):
-        return RewriteResult(frame)
-    if api_key == ApiKey.FETCH and not fetch_response_has_tags(frame, start, api_version):
         return RewriteResult(frame)
     try:
         message = spec.response_class.decode(memoryview(frame)[start:], version=api_version)
@@ -136,7 +144,7 @@ def rewrite_addresses(api_key: int, api_version: int, frame: bytes, header_versi
         else:
             for coordinator in message.coordinators:
                 changed |= _swap(coordinator, coordinator.node_id, advertise, seen)
-    else:  # Produce / Fetch: the KIP-951 NodeEndpoints tagged field
+    else:  # Produce: the KIP-951 NodeEndpoints tagged field
         for endpoint in message.node_endpoints or ():
             changed |= _swap(endpoint, endpoint.node_id, advertise, seen)
     if not changed:

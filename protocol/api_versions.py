@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .apis import KNOWN_APIS, ApiKey, ApiSpec
 from .client_quotas import QUOTA_ADMIN_APIS
+from .fetch_stream import FETCH_STREAM_VERSIONS
 from .headers import encode_response_header
 from .node_endpoints import READABLE_VERSIONS
 from .skim import decode_strict
@@ -23,11 +24,10 @@ UNSUPPORTED_VERSION = 35
 _API_VERSIONS: ApiSpec = KNOWN_APIS[ApiKey.API_VERSIONS]
 
 #: Versions the proxy offers below its schemas' range, and why.
-#: Fetch v16+ may end with KIP-951 NodeEndpoints (broker addresses) that must be rewritten, so a
-#: v16+ response has to be buffered whole before any of it can go on; up to v15 a Fetch response
-#: streams through as it arrives, which is what keeps consume throughput near a direct
-#: connection. Clients then learn a new leader from a Metadata refresh, as before Kafka 3.7.
-OFFERED_MAX_VERSION: dict[int, int] = {ApiKey.FETCH: 15}
+#: Fetch v16+ may end with KIP-951 NodeEndpoints (broker addresses) after all the records; the
+#: proxy streams large responses while it follows their layout to rewrite that tail
+#: (`fetch_stream.py`), so it offers only the versions whose layout that reader knows.
+OFFERED_MAX_VERSION: dict[int, int] = {ApiKey.FETCH: FETCH_STREAM_VERSIONS[1]}
 
 
 def offered_range(api_key: int) -> tuple[int, int] | None:

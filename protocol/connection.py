@@ -14,7 +14,7 @@ Kroxylicious' one filter per concern: `actions` (what it asks of the I/O layer),
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from .actions import (
@@ -28,7 +28,7 @@ from .actions import (
     ToBroker,
     ToClient,
 )
-from .addresses import Advertise, needs_rewrite
+from .addresses import Address, Advertise, needs_rewrite
 from .api_versions import unsupported_version_response
 from .apis import KNOWN_APIS, ApiKey, api_name
 from .charging import (
@@ -42,6 +42,7 @@ from .charging import (
 from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
 from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
 from .errors import ProtocolError, UnsupportedVersion
+from .fetch_stream import FetchStream, node_endpoints_slack
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
     REQUEST_API_BYTES,
@@ -66,7 +67,8 @@ DECODED_APIS = frozenset({
 
 
 #: Fetch responses at least this large go to the client as they arrive instead of being buffered
-#: whole, when nothing in them must change (no address to rewrite, not over a quota).
+#: whole, unless over a quota (then they are emptied); a v16+ response's NodeEndpoints are
+#: rewritten on the way (`fetch_stream.py`).
 STREAM_MIN_BYTES = 64 * 1024
 
 
@@ -81,7 +83,8 @@ class ProxyConnection:
 
     def __init__(self, advertise: Advertise, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  name: str = "connection", policy: QuotaPolicy | None = None,
-                 throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None) -> None:
+                 throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None,
+                 known_brokers: Callable[[], Mapping[int, Address]] | None = None) -> None:
         self.name = name
         self.observer = observer
         self._advertise = advertise
@@ -97,6 +100,10 @@ class ProxyConnection:
         self._passthrough = 0
         self._streaming: InFlight | None = None
         self._streaming_size = 0
+        #: a streamed Fetch v16+ response's tail reader; the real address of every broker known
+        #: (node id -> address), which bounds how much its NodeEndpoints can grow
+        self._fetch_stream: FetchStream | None = None
+        self._known_brokers = known_brokers
         #: The principal name quotas see: ANONYMOUS until the broker accepts a SASL exchange.
         self.principal: str = ANONYMOUS
         self.authenticated_mechanism: str | None = None
@@ -257,8 +264,11 @@ class ProxyConnection:
             actions: list[Action] = []
             if self._passthrough:
                 take = min(self._passthrough, len(data))
-                actions.append(ToClient([data[:take]]))
                 self._passthrough -= take
+                if self._fetch_stream is None:
+                    actions.append(ToClient([data[:take]]))
+                else:
+                    self._feed_stream(data[:take], actions)
                 data = data[take:]
                 if not self._passthrough:
                     self._end_stream(actions)
@@ -275,8 +285,7 @@ class ProxyConnection:
         if self._sasl.raw is not None or not self._in_flight:
             return
         entry = self._in_flight[0]
-        if (entry.api_key != ApiKey.FETCH or entry.precharged_ms is not None
-                or needs_rewrite(ApiKey.FETCH, entry.api_version)):
+        if entry.api_key != ApiKey.FETCH or entry.precharged_ms is not None:
             return
         partial = self._responses.partial()
         if partial is None:
@@ -301,11 +310,30 @@ class ProxyConnection:
         self._streaming = entry
         self._passthrough = size - len(head)
         self._streaming_size = size
-        actions.append(ToClient([_size(size), head]))
+        if not needs_rewrite(ApiKey.FETCH, entry.api_version):
+            actions.append(ToClient([_size(size), head]))
+            return
+        # NodeEndpoints may follow the records: the size announced now leaves room for them.
+        brokers = self._known_brokers() if self._known_brokers is not None else None
+        stream = FetchStream(size, self._advertise, node_endpoints_slack(self._advertise, brokers))
+        self._fetch_stream = stream
+        self._streaming_size = stream.announced_size
+        actions.append(ToClient([_size(stream.announced_size)]))
+        self._feed_stream(head, actions)
+
+    def _feed_stream(self, data: bytes, actions: list[Action]) -> None:
+        """Pass a streamed Fetch v16+ response's bytes on, its tail rewritten once complete."""
+        assert self._fetch_stream is not None
+        chunks = self._fetch_stream.feed(data)
+        if self._fetch_stream.discovered:  # before the tail goes out: the client may connect at once
+            actions.append(BrokersSeen(self._fetch_stream.discovered))
+        if chunks:
+            actions.append(ToClient(chunks))
 
     def _end_stream(self, actions: list[Action]) -> None:
         entry = self._streaming
         self._streaming = None
+        self._fetch_stream = None
         if entry is not None and self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, self._streaming_size,
                           self._now_ms - entry.sent_ms)

@@ -15,6 +15,7 @@ from kafka.protocol.schemas import BaseField
 
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
+from .fetch_stream import FETCH_STREAM_VERSIONS, fetch_tail
 from .headers import RequestHeader
 from .skim import decode_strict
 
@@ -91,6 +92,8 @@ def empty_fetch_response(frame: bytes, body_offset: int, api_version: int, throt
 
     Offsets, high watermarks, errors and the fetch session id stay, so the client simply asks
     for the same offsets again after the throttle, with or without an incremental session.
+    From v16 the top-level tagged fields (NodeEndpoints, already pointing at the proxy, and any
+    tag kafka-python does not know, which its encoder would drop) are kept byte for byte.
     """
     spec = KNOWN_APIS[ApiKey.FETCH]
     message = _decode(spec.response_class, frame, body_offset, api_version, "Fetch response")
@@ -98,7 +101,12 @@ def empty_fetch_response(frame: bytes, body_offset: int, api_version: int, throt
     for topic in message.responses:
         for partition in topic.partitions:
             partition.records = b"" if partition.records is not None else None
-    return frame[:body_offset] + bytes(message.encode())
+    emptied = frame[:body_offset] + bytes(message.encode())
+    if api_version < FETCH_STREAM_VERSIONS[0]:
+        return emptied
+    _offset, tail = fetch_tail(frame)
+    offset, _tail = fetch_tail(emptied)
+    return emptied[:offset] + tail
 
 
 def _fetch_sizes_offset(header: RequestHeader) -> int:

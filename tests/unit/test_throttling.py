@@ -18,6 +18,7 @@ from kafka.protocol.sasl import (
 )
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
+from protocol.addresses import rewrite_addresses
 from protocol.apis import KNOWN_APIS, ApiKey
 from protocol.connection import Action, Mute, ProxyConnection, Throttled, ThrottleMode, ToClient
 from protocol.errors import MalformedBody
@@ -48,6 +49,7 @@ from .wire import (
     of_type,
     request,
     response,
+    tagged_section,
     to_broker,
     to_client,
 )
@@ -288,6 +290,25 @@ def test_empty_fetch_response_keeps_all_but_records(version: int) -> None:
     assert len(emptied) < len(frame) - 2 * len(RECORDS) + 8
     if version >= 13:
         assert after.responses[0].topic_id == uuid.UUID(int=7)
+
+
+@pytest.mark.parametrize("version", [16, 17, 18])
+def test_empty_fetch_response_keeps_the_v16_tagged_fields(version: int) -> None:
+    """NodeEndpoints (rewritten before the throttle applies) and a tag kafka-python does not know
+    stay byte for byte; its encoder alone would drop the unknown one."""
+    plain = fetch_response(version)
+    assert plain.endswith(b"\x00")  # no top-level tagged fields
+    # One NodeEndpoint: count, node id, host, port, rack (null), its tagged fields.
+    endpoint = b"\x02" + (2).to_bytes(4, "big") + b"\x02b" + (9092).to_bytes(4, "big") + b"\x00\x00"
+    frame = plain[:-1] + tagged_section({0: endpoint, 7: b"future"})
+    rewritten = rewrite_addresses(ApiKey.FETCH, version, frame, 1, advertise).frame
+    offset = body_offset(rewritten, ApiKey.FETCH, version)
+    emptied = empty_fetch_response(rewritten, offset, version, 3000)
+    after = decode_response(FetchResponse, emptied, version)
+    assert [(e.node_id, e.host, e.port) for e in after.node_endpoints] == [(2, *advertise(2))]
+    assert after.unknown_tags == {"_7": b"future"}
+    assert after.throttle_time_ms == 3000
+    assert [p.records for t in after.responses for p in t.partitions] == [b"", b"", None]
 
 
 def test_empty_fetch_response_clamps_the_throttle() -> None:
