@@ -15,8 +15,9 @@ from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.types import QUOTA_KEYS, QuotaType
 
-#: Quota keys kthrottle enforces today (controller_mutation_rate is Kafka's, not enforced yet).
-ENFORCED = frozenset({QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.PRODUCER_IDS})
+#: Quota keys kthrottle enforces: every key Kafka has for users and client-ids, plus the KIP-936 draft's.
+ENFORCED = frozenset({QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.CONTROLLER_MUTATION,
+                      QuotaType.PRODUCER_IDS})
 
 
 class QuotaConfigError(ValueError):

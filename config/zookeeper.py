@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -54,7 +53,7 @@ from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity, desanitize, sanitize
 from quotas.types import QUOTA_KEYS, QuotaType
 
-from .quotas import ENFORCED, QuotaConfigError, validate_value
+from .quotas import QuotaConfigError, validate_value
 
 log = logging.getLogger("kthrottle.config.zookeeper")
 
@@ -185,19 +184,14 @@ def decode_config(data: bytes | None) -> dict[str, Any]:
 def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[QuotaType, float]:
     """The quotas kthrottle enforces from one node's config, validated the way the quota file is.
 
-    Keys that are no quota (SCRAM credentials) are skipped silently; quotas kthrottle does not enforce
-    (``controller_mutation_rate``) are skipped with one log line. Raises QuotaConfigError naming the entity,
-    key and value for anything invalid.
+    Keys that are no quota (SCRAM credentials) are skipped silently; every quota key Kafka stores for
+    users and client-ids is enforced (``controller_mutation_rate`` included). Raises QuotaConfigError
+    naming the entity, key and value for anything invalid.
     """
     values: dict[QuotaType, float] = {}
     for key, raw in config.items():
         quota_type = QUOTA_KEYS.get(key)
         if quota_type is None:
-            continue
-        if quota_type not in ENFORCED:
-            log.info(
-                "quota for %s: %s = %r is not enforced by kthrottle; ignored", entity.describe(), key, raw
-            )
             continue
         if not isinstance(raw, str) or not _NUMBER.fullmatch(raw.strip()):
             raise QuotaConfigError(
@@ -209,16 +203,8 @@ def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[Q
 
 
 def _check_value(entity: QuotaEntity, quota_type: QuotaType, value: float) -> None:
-    """Kafka's rules for a value about to be stored; quotas kthrottle does not enforce only need > 0."""
-    if quota_type in ENFORCED:
-        validate_value(entity, quota_type.value, value)
-    elif (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise QuotaConfigError(f"quota for {entity.describe()}: {quota_type.value} = {value!r} must be > 0")
+    """Kafka's rules for a value about to be stored."""
+    validate_value(entity, quota_type.value, value)
 
 
 # --------------------------------------------------------------------------------------------- source

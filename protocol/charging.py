@@ -12,6 +12,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .apis import KNOWN_APIS, ApiKey
+from .controller_mutations import (
+    MutationCharge,
+    MutationRequest,
+    PartitionCounts,
+    estimate_costs,
+    plan_charge,
+    settle_response,
+)
 from .headers import RequestHeader, response_body_offset
 from .in_flight import InFlight
 from .skim import produce_producer_ids
@@ -33,8 +41,28 @@ class QuotaVerdict(Protocol):
     def throttle_ms(self) -> int: ...
 
 
+class MutationVerdict(Protocol):
+    @property
+    def accepted(self) -> tuple[bool, ...]: ...
+
+    @property
+    def throttle_ms(self) -> int: ...
+
+
 class QuotaPolicy(Protocol):
     """What the connection asks the quota engine (`quotas.engine.QuotaEngine` implements it)."""
+
+    #: partitions a CreateTopics topic asking for the broker's default count is estimated at
+    default_partitions: int
+
+    def wants_mutation_costs(self, user: str, client_id: str) -> bool: ...
+
+    def charge_mutations(self, user: str, client_id: str, costs: Sequence[int], strict: bool,
+                         now_ms: int) -> MutationVerdict: ...
+
+    def settle_mutations(self, user: str, client_id: str, partitions: int, now_ms: int) -> None: ...
+
+    def note_default_partitions(self, partitions: int) -> None: ...
 
     def hold_ms(self, user: str, client_id: str, api_key: int, now_ms: int) -> int: ...
 
@@ -82,6 +110,35 @@ def charge_fetch(policy: QuotaPolicy, principal: str, entry: InFlight, fetch_byt
     return verdict.throttle_ms
 
 
+def charge_mutation(policy: QuotaPolicy, principal: str, request: MutationRequest,
+                    counts: PartitionCounts | None, header: RequestHeader, now_ms: float) -> MutationCharge:
+    """Charge a CreateTopics / CreatePartitions / DeleteTopics on arrival, topic by topic, with
+    each topic's estimate (see controller_mutations.py); its answer settles the charge."""
+    costs, defaults = estimate_costs(request, counts, policy.default_partitions)
+    verdict = policy.charge_mutations(principal, header.client_id or "", costs, request.strict, int(now_ms))
+    return plan_charge(request, costs, defaults, verdict.accepted, verdict.throttle_ms, counts)
+
+
+def settle_mutation(policy: QuotaPolicy, principal: str, entry: InFlight, frame: bytes,
+                    now_ms: float) -> bytes:
+    """Settle a mutation's charge with the broker's answer; the frame for the client.
+
+    The throttle decided on arrival counts from then, as Kafka's `throttleTime` deducts the time
+    since it was recorded (the connection was muted on arrival, so the mute ends when Kafka's would).
+    """
+    charge = entry.mutation
+    assert charge is not None
+    spec = KNOWN_APIS[entry.api_key]
+    body_offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
+    settlement = settle_response(frame, body_offset, charge)
+    if settlement.correction:
+        policy.settle_mutations(principal, entry.client_id or "", settlement.correction, int(now_ms))
+    if settlement.default_partitions is not None:
+        policy.note_default_partitions(settlement.default_partitions)
+    entry.throttle_ms = max(entry.throttle_ms - int(now_ms - entry.sent_ms), 0)
+    return settlement.frame
+
+
 def charge_response(policy: QuotaPolicy, principal: str, entry: InFlight, frame: bytes,
                     now_ms: float) -> tuple[bytes, int, int]:
     """Charge a response to the quotas.
@@ -117,6 +174,6 @@ def charge_response(policy: QuotaPolicy, principal: str, entry: InFlight, frame:
 
 
 __all__ = [
-    "REQUEST_QUOTA_EXEMPT", "QuotaPolicy", "QuotaVerdict", "charge_fetch", "charge_produce",
-    "charge_response", "prepare_fetch",
+    "REQUEST_QUOTA_EXEMPT", "MutationVerdict", "QuotaPolicy", "QuotaVerdict", "charge_fetch",
+    "charge_mutation", "charge_produce", "charge_response", "prepare_fetch", "settle_mutation",
 ]

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from . import controller_mutations as mutations
 from .actions import (
     Action,
     Authenticated,
@@ -35,9 +36,11 @@ from .charging import (
     REQUEST_QUOTA_EXEMPT,
     QuotaPolicy,
     charge_fetch,
+    charge_mutation,
     charge_produce,
     charge_response,
     prepare_fetch,
+    settle_mutation,
 )
 from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
 from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
@@ -62,7 +65,7 @@ from .skim import produce_acks
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
 DECODED_APIS = frozenset({
     ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.PRODUCE, ApiKey.FETCH,
-    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, *QUOTA_ADMIN_APIS,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, *QUOTA_ADMIN_APIS, *mutations.MUTATION_APIS,
 })
 
 
@@ -109,9 +112,12 @@ class ProxyConnection:
         self.authenticated_mechanism: str | None = None
         self.client_id: str | None = None
         #: requests read but not yet acted on: they arrived while the connection was muted or
-        #: behind a quota admin request still being answered (a broker reads none of them then)
+        #: behind a quota admin request being answered or a lookup (a broker reads none of them then)
         self._deferred: list[bytes] = []
+        #: the quota admin request being answered, or the lookup being waited for
         self._admin_pending: InFlight | None = None
+        #: what the lookup found, for the mutation request (by correlation id) at the head of `_deferred`
+        self._lookup_counts: tuple[int, mutations.PartitionCounts] | None = None
         #: muted until this time (caller's clock, ms): requests wait in `_deferred`
         self._muted_until = 0.0
         #: a whole request frame has been read from the client
@@ -411,7 +417,29 @@ class ProxyConnection:
                     self._deferred = frames[index:]
                     self._mute(hold, actions)
                     break
-            if header.api_key == ApiKey.PRODUCE:
+            if (header.api_key in mutations.MUTATION_APIS and self.policy is not None
+                    and self.policy.wants_mutation_costs(self.principal, header.client_id or "")):
+                mutation = mutations.decode_mutation(frame, header)
+                counts, self._lookup_counts = self._lookup_counts, None
+                if mutation.needs_lookup and (counts is None or counts[0] != header.correlation_id):
+                    # Its costs need partition counts: ask first; it and the requests after it wait.
+                    self._admin_pending, lookup = mutations.lookup(mutation, header)
+                    self._in_flight.append(self._admin_pending)
+                    actions.append(ToBroker([*upstream, _size(len(lookup)), lookup]))
+                    self._deferred = frames[index:]
+                    return actions
+                charge = charge_mutation(self.policy, self.principal, mutation, counts and counts[1], header,
+                                         self._now_ms)
+                if charge.throttle_ms > 0:  # muted from now: it ends when Kafka's would
+                    entry.throttle_ms = charge.throttle_ms
+                    actions.append(Throttled(header.api_key, charge.throttle_ms))
+                    self._mute(charge.throttle_ms, actions)
+                frame, entry.local_response = mutations.route(frame, header, charge)
+                if entry.local_response is not None:
+                    self._queue_local(entry, actions)  # every topic refused: the proxy answers
+                    continue
+                entry.mutation = charge
+            elif header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
                 if self.policy is not None:
                     throttle = charge_produce(self.policy, self.principal, frame, header, self._now_ms)
@@ -448,6 +476,7 @@ class ProxyConnection:
         downstream: list[bytes] = []
         actions: list[Action] = []
         sasl = self._sasl
+        looked_up = False
         for frame in frames:
             if sasl.raw is not None:
                 accepted = sasl.raw_server_token(frame)
@@ -464,7 +493,14 @@ class ProxyConnection:
                     f"response correlation id {correlation_id} does not match the oldest request "
                     f"({api_name(entry.api_key)}, correlation id {entry.correlation_id})"
                 )
+            if entry.lookup_for is not None:
+                self._lookup_counts = entry.lookup_for, mutations.lookup_counts(frame, entry.api_version)
+                self._admin_pending = None
+                looked_up = True
+                continue
             key = entry.api_key
+            if entry.mutation is not None and self.policy is not None:
+                frame = settle_mutation(self.policy, self.principal, entry, frame, self._now_ms)
             if key == ApiKey.SASL_HANDSHAKE:
                 sasl.handshake_response(frame, entry.api_version)
             elif key == ApiKey.SASL_AUTHENTICATE:
@@ -500,6 +536,8 @@ class ProxyConnection:
             downstream += take_local_responses(self._in_flight)
         if downstream:
             actions.append(ToClient(downstream))
+        if looked_up:  # the mutation request that waited for its partition counts goes on
+            actions += self.resume(self._now_ms)
         return actions
 
     def _authenticated(self, exchange: SaslExchange) -> Authenticated:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .controller_mutations import MutationCharge
 
 
 @dataclass(slots=True)
@@ -32,6 +36,12 @@ class InFlight:
     precharged_ms: int | None = None
     #: a quota admin request the I/O layer is still answering
     awaiting_answer: bool = False
+    #: a CreateTopics / CreatePartitions / DeleteTopics charged to the controller mutation quota:
+    #: what its answer settles (and the proxy's refusals to merge into it)
+    mutation: MutationCharge | None = None
+    #: the proxy's own Metadata request for the partition counts of the mutation request with this
+    #: correlation id: its answer is not the client's
+    lookup_for: int | None = None
 
 
 def size_prefix(n: int) -> bytes:

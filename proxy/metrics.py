@@ -32,6 +32,9 @@ _RATE_FAMILIES: dict[QuotaType, tuple[str, str]] = {
     QuotaType.REQUEST: ("kthrottle_request_time_percent",
                         "Request time as % of one thread per quota bucket (kafka.server:type=Request "
                         "request-time); a proxy-side approximation, see README"),
+    QuotaType.CONTROLLER_MUTATION: ("kthrottle_controller_mutation_rate_per_second",
+                                    "Partitions created, added or deleted per second per quota bucket "
+                                    "(kafka.server:type=ControllerMutation mutation-rate)"),
     QuotaType.PRODUCER_IDS: ("kthrottle_producer_id_rate_per_second",
                              "New producer ids per second per user (KIP-936 draft)"),
 }
@@ -86,15 +89,21 @@ class QuotaCollector(Collector):
             "kthrottle_throttles", "Responses throttled by each quota", labels=labels)
         rates = {quota_type: GaugeMetricFamily(name, text, labels=labels)
                  for quota_type, (name, text) in _RATE_FAMILIES.items()}
+        tokens = GaugeMetricFamily(
+            "kthrottle_controller_mutation_tokens",
+            "Partitions the controller mutation token bucket holds, negative in debt "
+            "(kafka.server:type=ControllerMutation tokens)", labels=["user", "client_id"])
+        mutations = self.engine.controller_mutation
         fleet = self.engine.fleet  # in a fleet: the rate decided on (this bucket's + its peers') beside it
-        fleet_rates = {} if fleet is None else {
+        fleet_rates: dict[QuotaType, GaugeMetricFamily] = {} if fleet is None else {
             quota_type: GaugeMetricFamily(name.replace("kthrottle_", "kthrottle_fleet_", 1),
                                           f"{text}, over the whole fleet (this member's + its peers')",
                                           labels=labels)
-            for quota_type, (name, text) in _RATE_FAMILIES.items()}
-        for quota_type, manager in self.engine.managers.items():
+            for quota_type, (name, text) in _RATE_FAMILIES.items()
+            if quota_type is not QuotaType.CONTROLLER_MUTATION}  # per proxy: no fleet-wide rate
+        for quota_type, manager in self.engine.all_managers().items():
             folded: dict[str, float] = {}
-            view = None if fleet is None else fleet.view(quota_type)
+            view = None if fleet is None or quota_type not in fleet_rates else fleet.view(quota_type)
             # Buckets that come or go while the slices are read wait for the next scrape.
             items = list(manager.buckets.items())
             for start in range(0, len(items), SNAPSHOT_SLICE):
@@ -123,6 +132,8 @@ class QuotaCollector(Collector):
                     throttle_max.add_metric(values, peak / 1000.0)
                     throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)
                     throttles.add_metric(values, bucket.throttle_count)
+                    if manager is mutations and bucket.applies:
+                        tokens.add_metric(values[1:], mutations.tokens(bucket, now))
             if folded:
                 values = [quota_type.value, OTHER, OTHER]
                 rates[quota_type].add_metric(values, folded["rate"])
@@ -142,12 +153,12 @@ class QuotaCollector(Collector):
             "Quota buckets dropped: 'expired' once their window passed with nothing to keep, 'evicted' "
             "(dormant ones, history already gone) to make room under max_quota_buckets",
             labels=["quota", "why"])
-        for quota_type, manager in self.engine.managers.items():
+        for quota_type, manager in self.engine.all_managers().items():
             buckets.add_metric([quota_type.value], len(manager.buckets))
             overflow.add_metric([quota_type.value], manager.overflow_charges)
             dropped.add_metric([quota_type.value, "expired"], manager.expired_buckets)
             dropped.add_metric([quota_type.value, "evicted"], manager.evicted_buckets)
-        self._families = [*rates.values(), *fleet_rates.values(), limit, throttle_avg, throttle_max,
+        self._families = [*rates.values(), *fleet_rates.values(), tokens, limit, throttle_avg, throttle_max,
                           throttle_total, throttles, buckets, overflow, dropped]
 
 

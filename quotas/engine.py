@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .controller_mutation import CONTROLLER_QUOTA_WINDOW, ControllerMutationQuotaManager, MutationVerdict
 from .entity import BucketKey, QuotaEntity
 from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
@@ -44,6 +45,9 @@ class EngineConfig:
     #: "kafka" (Kafka's windowed rate decides, the default) or "smooth" (a token bucket with a
     #: one-second burst decides the byte-rate and request-time quotas; see token_bucket.py)
     quota_shape: QuotaShape = KAFKA
+    #: Kafka's controller.quota.window.num x controller.quota.window.size.seconds: the controller
+    #: mutation quota's burst is this many seconds of quota
+    controller_window: WindowConfig = CONTROLLER_QUOTA_WINDOW
 
     def __post_init__(self) -> None:
         if self.quota_shape not in QUOTA_SHAPES:
@@ -85,6 +89,12 @@ class QuotaEngine:
             QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window,
                                                        max_buckets=cap),
         }
+        #: KIP-599's token buckets: kept apart from `managers`, whose windowed rates the fleet
+        #: exchanges, because this quota is per proxy (see controller_mutation.py)
+        self.controller_mutation = ControllerMutationQuotaManager(config.controller_window, max_buckets=cap)
+        #: partitions a CreateTopics topic asking for the broker's default (-1) is charged before its
+        #: answer says how many it got: Kafka's num.partitions default (1) until an answer tells
+        self.default_partitions = 1
         self.producer_ids = ProducerIdTracker(config.pid_window.window_ms, config.pid_filter_capacity,
                                               config.pid_false_positive_rate, config.pid_max_users)
         self.table: QuotaTable = {}
@@ -97,10 +107,14 @@ class QuotaEngine:
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history."""
         self.table = {entity: dict(values) for entity, values in table.items()}
-        for quota_type, manager in self.managers.items():
+        for quota_type, manager in self.all_managers().items():
             manager.set_quotas({entity: values[quota_type] for entity, values in table.items()
                                 if quota_type in values
                                 and not (quota_type.user_only and entity.client_id is not None)})
+
+    def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
+        """Every quota type's manager: `managers` and the controller mutation quota's."""
+        return {**self.managers, QuotaType.CONTROLLER_MUTATION: self.controller_mutation}
 
     # -- what the proxy asks before forwarding ----------------------------------------------------
 
@@ -182,6 +196,26 @@ class QuotaEngine:
             managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
         return Verdict(worst.throttle_ms, worst_type)
 
+    # -- controller mutations (KIP-599) --------------------------------------------------------
+
+    def wants_mutation_costs(self, user: str, client_id: str) -> bool:
+        """Whether CreateTopics, CreatePartitions and DeleteTopics of (user, client_id) are charged."""
+        return bool(self.table) and self.controller_mutation.resolve(user, client_id) is not None
+
+    def charge_mutations(self, user: str, client_id: str, costs: Sequence[int], strict: bool,
+                         now_ms: int) -> MutationVerdict:
+        """Charge one mutation request's topics (partitions each, in order); see controller_mutation.py."""
+        return self.controller_mutation.charge_topics(user, client_id, costs, strict, now_ms)
+
+    def settle_mutations(self, user: str, client_id: str, partitions: int, now_ms: int) -> None:
+        """Correct a mutation charge by what the broker's answer says was really done."""
+        self.controller_mutation.settle(user, client_id, partitions, now_ms)
+
+    def note_default_partitions(self, partitions: int) -> None:
+        """A CreateTopics answer showed what a topic asking for the default (-1) got."""
+        if partitions > 0:
+            self.default_partitions = partitions
+
     # -- the fleet --------------------------------------------------------------------------------
 
     def attach_fleet(self, peers: PeerUsage, on_urgent: Callable[[], None] | None = None) -> None:
@@ -243,7 +277,7 @@ class QuotaEngine:
         `budget` buckets and users are examined per call (a few ms at most, however many
         exist); what is left waits for the next call, and the bucket cap never waits for it.
         """
-        managers = list(self.managers.values())
+        managers = list(self.all_managers().values())
         # each call starts with the next quota type, so a backlog in one never starves the others
         self._expiry_turn = (self._expiry_turn + 1) % len(managers)
         dropped = 0

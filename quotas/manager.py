@@ -132,8 +132,12 @@ class Bucket:
     #: above which it asks for an urgent report (URGENT_CHANGE_RATIO of its bound higher)
     reported: float = 0.0
     urgent_above: float = 0.0
-    #: the "smooth" shape's token bucket (None in the "kafka" shape)
+    #: the "smooth" shape's token bucket (None in the "kafka" shape), or the controller
+    #: mutation quota's (see controller_mutation.py)
     tokens: TokenBucket | None = None
+    #: until then the bucket holds state a new one would not (a controller mutation token
+    #: bucket in debt is not full again before it): expiry and the cap leave it alone
+    keep_until_ms: int = 0
 
 
 class Charge(NamedTuple):
@@ -313,7 +317,8 @@ class ClientQuotaManager:
         if self._recent:
             key = next(iter(self._recent))
             bucket = self._recent[key]
-            if bucket.rate.expired(now_ms) and bucket.throttled_until_ms <= now_ms:
+            if (bucket.rate.expired(now_ms) and bucket.throttled_until_ms <= now_ms
+                    and bucket.keep_until_ms <= now_ms):
                 del self._recent[key]
                 del self.buckets[key]
                 self.evicted_buckets += 1
@@ -543,7 +548,8 @@ class ClientQuotaManager:
                 recent.move_to_end(key, last=False)
                 break
             examined += 1
-            if bucket.throttled_until_ms > now_ms:  # a long throttle: look again later
+            if bucket.throttled_until_ms > now_ms or bucket.keep_until_ms > now_ms:
+                # a long throttle, or tokens still refilling: look again later
                 bucket.seen_ms = now_ms
                 recent[key] = bucket
                 continue

@@ -327,7 +327,7 @@ def test_invalid_node_without_good_values_is_left_out(
     assert any("user=gina" in m and "'lots'" in m and "no last good" in m for m in errors), errors
 
 
-def test_scram_credentials_are_ignored_silently_and_unenforced_quotas_with_one_line(
+def test_scram_credentials_are_ignored_silently_and_controller_mutation_rate_enforced(
     zookeeper: LocalZooKeeper,
     writer: KazooClient,
     chroot: str,
@@ -341,15 +341,13 @@ def test_scram_credentials_are_ignored_silently_and_unenforced_quotas_with_one_l
     })  # fmt: skip
     write_entity(writer, chroot, "users/judy", {"SCRAM-SHA-512": SCRAM})  # credentials only: no quota entity
     _source, recorder = sources(zookeeper.connect_string, chroot)
-    assert recorder.latest == {QuotaEntity("ivan", None): {P: 512.0}}
+    assert recorder.latest == {QuotaEntity("ivan", None): {P: 512.0, QuotaType.CONTROLLER_MUTATION: 10.0}}
 
     write_entity(writer, chroot, "clients/other", {"consumer_byte_rate": "1"})  # makes it read ivan again
     recorder.wait_for(has(QuotaEntity(None, "other"), {F: 1.0}), PATIENCE_S, "another change")
     mine = [r for r in caplog.records if r.name == "kthrottle.config.zookeeper"]
     assert not [r for r in mine if r.levelno >= logging.WARNING], [r.getMessage() for r in mine]
-    unenforced = [r.getMessage() for r in mine if "controller_mutation_rate" in r.getMessage()]
-    assert len(unenforced) == 1, unenforced
-    assert "user=ivan" in unenforced[0] and "not enforced" in unenforced[0]
+    assert not [r.getMessage() for r in mine if "controller_mutation_rate" in r.getMessage()]
     assert not [r for r in mine if "SCRAM" in r.getMessage()]
 
 

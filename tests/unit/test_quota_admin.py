@@ -27,6 +27,7 @@ from config.quotas import QuotaConfigError
 from config.store import FileQuotaStore, render
 from protocol.apis import ApiKey
 from protocol.client_quotas import (
+    MATCH_EXACT,
     AlterEntry,
     AlterQuotas,
     AlterResult,
@@ -299,6 +300,26 @@ def test_alter_plans_changes_with_defaults_and_removals() -> None:
     assert QuotaEntity("alice", None) not in emptied
 
 
+def test_controller_mutation_rate_is_altered_on_users_client_ids_and_defaults() -> None:
+    """KIP-599's key, as Kafka's ClientQuotaControlManager accepts it: a double on any user or
+    client-id entity, defaults included."""
+    key = "controller_mutation_rate"
+    plan = plan_alter(alteration(
+        ((("user", "alice"),), (QuotaOp(key, 2.5, False),)),
+        ((("client-id", None),), (QuotaOp(key, 10.0, False),)),
+        ((("user", None), ("client-id", "etl")), (QuotaOp(key, 1.0, False),)),
+    ))
+    assert [r.error_code for r in plan.results] == [0, 0, 0]
+    assert plan.changes == {
+        QuotaEntity("alice", None): {QuotaType.CONTROLLER_MUTATION: 2.5},
+        QuotaEntity(None, DEFAULT): {QuotaType.CONTROLLER_MUTATION: 10.0},
+        QuotaEntity(DEFAULT, "etl"): {QuotaType.CONTROLLER_MUTATION: 1.0},
+    }
+    table = apply_changes({}, plan.changes)
+    (entry,) = describe(table, DescribeQuotas((FilterComponent("user", MATCH_EXACT, "alice"),), False))
+    assert entry.values == ((key, 2.5),)
+
+
 def test_validate_only_plans_nothing() -> None:
     plan = plan_alter(
         alteration(((("user", "a"),), (QuotaOp("producer_byte_rate", 100.0, False),)), validate_only=True)
@@ -320,7 +341,7 @@ def test_validate_only_plans_nothing() -> None:
             (QuotaOp("producer_ids_rate", 1.0, False),),
             "user entities only",
         ),
-        ((("user", "v"),), (QuotaOp("controller_mutation_rate", 1.0, False),), "not supported by kthrottle"),
+        ((("user", "v"),), (QuotaOp("controller_mutation_rate", 0.0, False),), "greater than 0"),
         ((("user", ""),), (QuotaOp("producer_byte_rate", 1.0, False),), "Empty user not supported"),
         (
             (("user", "a"), ("user", "b")),

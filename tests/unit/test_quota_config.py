@@ -126,8 +126,19 @@ def test_producer_ids_rate_only_on_user_entities(entity: str) -> None:
     assert "producer_ids_rate" in message and "user" in message
 
 
-def test_controller_mutation_rate_is_refused_as_not_enforced() -> None:
-    message = reject('[[quota]]\nuser = "alice"\ncontroller_mutation_rate = 10\n')
+@pytest.mark.parametrize("entity", [
+    'user = "alice"', 'client_id = "etl"', 'user = "alice"\nclient_id = "etl"', 'user = "<default>"',
+    'client_id = "<default>"', 'user = "<default>"\nclient_id = "<default>"',
+])
+def test_controller_mutation_rate_is_accepted_for_users_and_client_ids(entity: str) -> None:
+    """KIP-599: a double > 0 (partitions/s), on any user / client-id entity, defaults included."""
+    table = parse_quotas(tomllib.loads(f"[[quota]]\n{entity}\ncontroller_mutation_rate = 2.5\n"))
+    assert list(table.values()) == [{QuotaType.CONTROLLER_MUTATION: 2.5}]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", '"10"', "true"])
+def test_controller_mutation_rate_must_be_a_positive_number(value: str) -> None:
+    message = reject(f'[[quota]]\nuser = "alice"\ncontroller_mutation_rate = {value}\n')
     assert "controller_mutation_rate" in message and "user=alice" in message
 
 
