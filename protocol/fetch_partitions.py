@@ -20,6 +20,7 @@ partition is emptied; when none is, the very same bytes object comes back.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import MalformedBody, MalformedHeader
@@ -61,6 +62,21 @@ class PartitionThrottlePolicy(Protocol):
     def decide(self, user: str, client_id: str, topic: str, partition: int, record_bytes: int,
                now_ms: int) -> bool: ...
 
+    def wait_ms(self, user: str, client_id: str, topic: str, partition: int, now_ms: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottledFetch:
+    """A Fetch response under the partition throttles, and how long the client may wait for it."""
+
+    frame: bytes
+    #: > 0 only when partitions were emptied and no records are left in the response: answered
+    #: at once, the client would fetch the same offsets again at once and the broker read the same
+    #: records again, for nothing. Holding it this long (the time until a throttle that emptied a
+    #: partition is under its rate again), within the fetch's own `max_wait_ms`, is what a broker
+    #: does with a fetch that has no data yet.
+    hold_ms: int = 0
+
 
 def throttle_fetch_response(policy: PartitionThrottlePolicy, topic_names: TopicNames, user: str,
                             client_id: str, frame: bytes, api_version: int, now_ms: int) -> bytes:
@@ -69,13 +85,28 @@ def throttle_fetch_response(policy: PartitionThrottlePolicy, topic_names: TopicN
     The very same bytes when no throttle concerns this client (nothing is read) or none refused
     a partition; see `empty_refused_partitions`.
     """
+    return throttle_fetch(policy, topic_names, user, client_id, frame, api_version, now_ms).frame
+
+
+def throttle_fetch(policy: PartitionThrottlePolicy, topic_names: TopicNames, user: str, client_id: str,
+                   frame: bytes, api_version: int, now_ms: int) -> ThrottledFetch:
+    """`throttle_fetch_response`, with how long the emptied response may be held (see ThrottledFetch)."""
     if not policy.applies_to(user, client_id):
-        return frame
+        return ThrottledFetch(frame)
 
     def decide(topic: str, partition: int, record_bytes: int) -> bool:
         return policy.decide(user, client_id, topic, partition, record_bytes, now_ms)
 
-    return empty_refused_partitions(frame, api_version, decide, topic_names.name)
+    _check_version(api_version, topic_names.name)
+    try:
+        result, refused, kept = _empty(frame, api_version, decide, topic_names.name)
+    except _FieldError as exc:
+        raise MalformedBody(f"Fetch v{api_version} response of {len(frame)} bytes does not parse: "
+                            f"{exc}") from None
+    if not refused or kept:
+        return ThrottledFetch(result)
+    hold = min(policy.wait_ms(user, client_id, topic, partition, now_ms) for topic, partition in refused)
+    return ThrottledFetch(result, max(hold, 0))
 
 
 class _FieldError(Exception):
@@ -123,20 +154,25 @@ def empty_refused_partitions(frame: bytes, api_version: int, decide: PartitionDe
     itself when every partition is let through. Raises `MalformedBody` naming the field and its
     offset when the bytes do not add up, and ValueError for a version outside v4 to v18.
     """
-    if not FETCH_FIRST_READABLE <= api_version <= FETCH_LAST_READABLE:
-        raise ValueError(f"Fetch v{api_version} is outside v{FETCH_FIRST_READABLE} to "
-                         f"v{FETCH_LAST_READABLE}, the versions this reader knows")
-    by_id = api_version >= FETCH_FIRST_TOPIC_ID
-    if by_id and topic_name is None:
-        raise ValueError(f"Fetch v{api_version} names topics by id: a topic_name lookup is needed")
+    _check_version(api_version, topic_name)
     try:
-        return _empty(frame, api_version, decide, topic_name)
+        return _empty(frame, api_version, decide, topic_name)[0]
     except _FieldError as exc:
         raise MalformedBody(f"Fetch v{api_version} response of {len(frame)} bytes does not parse: "
                             f"{exc}") from None
 
 
-def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: TopicNameOf | None) -> bytes:
+def _check_version(api_version: int, topic_name: TopicNameOf | None) -> None:
+    if not FETCH_FIRST_READABLE <= api_version <= FETCH_LAST_READABLE:
+        raise ValueError(f"Fetch v{api_version} is outside v{FETCH_FIRST_READABLE} to "
+                         f"v{FETCH_LAST_READABLE}, the versions this reader knows")
+    if api_version >= FETCH_FIRST_TOPIC_ID and topic_name is None:
+        raise ValueError(f"Fetch v{api_version} names topics by id: a topic_name lookup is needed")
+
+
+def _empty(frame: bytes, version: int, decide: PartitionDecision,
+           topic_name: TopicNameOf | None) -> tuple[bytes, list[tuple[str, int]], int]:
+    """The frame with refused partitions emptied, those partitions, and how many kept records."""
     flexible = version >= FETCH_FIRST_FLEXIBLE
     by_id = version >= FETCH_FIRST_TOPIC_ID
     size = len(frame)
@@ -149,6 +185,8 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: To
     view: memoryview | None = None
     pieces: list[bytes | memoryview] = []
     copied = 0
+    refused: list[tuple[str, int]] = []
+    kept = 0
     if pos > size:
         raise _FieldError("the fields before the topics", pos)
     topics, pos = _length(frame, pos, flexible, 4, "topics count")
@@ -222,6 +260,9 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: To
                     pieces.append(view[copied:records_at])
                     pieces.append(empty)
                     copied = end
+                    refused.append((name, index))
+                else:
+                    kept += 1
                 pos = end
             elif length < -1:
                 raise _FieldError("records length", records_at, f"is {length}")
@@ -238,10 +279,11 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision, topic_name: To
         raise _FieldError("the end of the response", pos, f"is followed by {size - pos} more bytes"
                           if pos < size else "runs past the end")
     if view is None:
-        return frame
+        return frame, refused, kept
     pieces.append(view[copied:])
-    return b"".join(pieces)
+    return b"".join(pieces), refused, kept
 
 
 __all__ = ["FETCH_FIRST_READABLE", "FETCH_LAST_READABLE", "PartitionDecision", "PartitionThrottlePolicy",
-           "TopicNameOf", "empty_refused_partitions", "throttle_fetch_response"]
+           "ThrottledFetch", "TopicNameOf", "empty_refused_partitions", "throttle_fetch",
+           "throttle_fetch_response"]

@@ -74,6 +74,31 @@ class SimpleRate(WindowedRate):
         window = max(now_ms - oldest, config.window_ms)
         return total * 1000.0 / window, window
 
+    def ms_until_at_most(self, bound: float, now_ms: int) -> int:
+        """How long, with nothing more recorded, until the rate is at most `bound` (0: it is now).
+
+        Between two purges the sum and the oldest start stay put, so the rate falls as
+        sum / (t - oldest) and reaches the bound at oldest + sum / bound; a sample purged on the
+        way (`samples x window_ms` after its last event) takes its value and start with it.
+        """
+        if self.measure(now_ms) <= bound:
+            return 0
+        history = self.config.samples * self.config.window_ms
+        live = sorted((s for s in self._samples if s.last_event_ms > now_ms - history),
+                      key=lambda s: s.last_event_ms)
+        at = now_ms
+        while live:
+            total = sum(s.value for s in live)
+            oldest = min(s.start_ms for s in live)
+            need_ms = total * 1000.0 / bound  # the window that brings this sum to the bound
+            under = at if need_ms <= self.config.window_ms else max(oldest + math.ceil(need_ms), at)
+            purged = live[0].last_event_ms + history
+            if under < purged:
+                return under - now_ms
+            at = purged
+            live.pop(0)
+        return at - now_ms
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionThrottle:
@@ -261,6 +286,20 @@ class PartitionThrottles:
             state.rate.record(record_bytes, now_ms)
             state.let_through_bytes += record_bytes
         return True
+
+    def wait_ms(self, user: str, client_id: str, topic: str, partition: int, now_ms: int) -> int:
+        """How long until every throttle covering this partition for this client is under its rate.
+
+        0 when none is over. The connection may hold a response whose records were all emptied
+        this long (within the fetch's max_wait_ms): answered at once, the client would fetch the
+        same records again at once, and the broker read them again, for nothing.
+        """
+        wait = 0
+        for state in self._by_topic.get(topic, ()):
+            definition = state.definition
+            if definition.covers(partition) and definition.concerns(user, client_id):
+                wait = max(wait, state.rate.ms_until_at_most(definition.byte_rate, now_ms))
+        return wait
 
     # -- metrics -----------------------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ from protocol.errors import MalformedBody
 from protocol.fetch_partitions import (
     FETCH_FIRST_READABLE,
     FETCH_LAST_READABLE,
+    ThrottledFetch,
     empty_refused_partitions,
+    throttle_fetch,
     throttle_fetch_response,
 )
 from protocol.headers import response_body_offset
@@ -192,6 +194,25 @@ def test_throttle_fetch_response_with_the_throttles(version: int) -> None:
     assert throttle_fetch_response(live, names(), "alice", "etl", frame, version, 1000) != frame
     again = throttle_fetch_response(live, names(), "alice", "etl", frame, version, 2000)
     assert len(again) == len(frame) - 200 - (1 if version >= 12 else 0)
+
+
+def test_throttle_fetch_holds_only_responses_left_without_records() -> None:
+    live = PartitionThrottles()
+    live.set_throttles([PartitionThrottle("orders", "orders", None, 50.0),
+                        PartitionThrottle("logs", "logs", None, 100.0)])
+    frame = sample(12)
+    first = throttle_fetch(live, names(), "u", "c", frame, 12, 0)
+    assert first.hold_ms == 0  # orders 1 emptied, but orders 0 and logs 0 went through
+    assert len(first.frame) == len(frame) - 200 - 1
+    second = throttle_fetch(live, names(), "u", "c", frame, 12, 500)
+    # Everything emptied: held until the first throttle is under its rate again (orders: 100 B at
+    # 50 B/s from 0 s, at 2 s; logs: 300 B at 100 B/s, at 3 s).
+    assert second.hold_ms == 1500
+    assert len(second.frame) == len(frame) - 600 - 2
+    third = throttle_fetch(live, names(), "u", "c", frame, 12, 2000)
+    assert third.hold_ms == 0 and len(third.frame) == len(frame) - 500 - 2  # orders 0 again
+    live.set_throttles([PartitionThrottle("orders", "orders", None, 50.0, client_ids=frozenset({"c"}))])
+    assert throttle_fetch(live, names(), "u", "other", frame, 12, 2000) == ThrottledFetch(frame)
 
 
 # -- hostile input -----------------------------------------------------------------------------------

@@ -3,11 +3,14 @@ and the metrics."""
 
 from __future__ import annotations
 
+import copy
 import math
 import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from config.partition_throttles import load_partition_throttles, parse_partition_throttles
@@ -71,6 +74,53 @@ def test_simple_rate_forgets_samples_eleven_windows_old() -> None:
     assert rate.measure(10_999) == 6000 * 1000 / 10_999
     assert rate.measure(11_000) == 1000 * 1000 / 5000  # the first sample is purged; the other began at 6 s
     assert rate.measure(17_000) == 0.0
+
+
+def test_ms_until_at_most() -> None:
+    rate = SimpleRate(REPLICATION_WINDOW)
+    rate.record(3000, 0)
+    assert rate.ms_until_at_most(1000, 0) == 3000  # 3000 B over 3 s is 1000 B/s
+    assert rate.ms_until_at_most(1000, 1000) == 2000
+    assert rate.ms_until_at_most(3000, 0) == 0  # at most: 3000 B over the first whole window
+    assert rate.ms_until_at_most(1000, 3000) == 0
+
+
+def test_ms_until_at_most_counts_samples_purged_on_the_way() -> None:
+    rate = SimpleRate(REPLICATION_WINDOW)
+    rate.record(5000, 0)
+    rate.record(1000, 6000)
+    # 6000 B would need 60 s at 100 B/s, but the first sample goes at 11 s; then 1000 B since 6 s
+    # reach 100 B/s at 16 s, before the second goes at 17 s.
+    assert rate.ms_until_at_most(100, 7000) == 9000
+    assert copy.deepcopy(rate).measure(16_000) == 100.0
+    assert copy.deepcopy(rate).measure(15_999) > 100.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(st.tuples(st.integers(0, 1500), st.integers(1, 5_000_000)), min_size=1, max_size=30),
+       later=st.integers(0, 3000), bound=st.sampled_from([100_000, 1_000_000, 3_000_000]))
+def test_ms_until_at_most_is_the_first_moment_at_most(records: list[tuple[int, int]], later: int,
+                                                       bound: int) -> None:
+    rate = SimpleRate(REPLICATION_WINDOW)
+    now = 0
+    for step, value in records:
+        now += step
+        rate.record(value, now)
+    now += later
+    wait = copy.deepcopy(rate).ms_until_at_most(bound, now)
+    assert copy.deepcopy(rate).measure(now + wait) <= bound
+    if wait > 0:
+        assert copy.deepcopy(rate).measure(now + wait - 1) > bound
+
+
+def test_wait_ms_is_for_the_throttles_covering_the_partition() -> None:
+    live = throttles(throttle("a", partitions=frozenset({0}), byte_rate=1000),
+                     throttle("b", byte_rate=500, client_ids=frozenset({"etl"})))
+    assert live.decide("u", "etl", "events", 0, 1000, 0)
+    assert live.wait_ms("u", "etl", "events", 0, 0) == 2000  # b: 1000 B at 500 B/s; a is at its rate
+    assert live.wait_ms("u", "live", "events", 0, 0) == 0  # b does not concern this client
+    assert live.wait_ms("u", "etl", "events", 1, 0) == 2000
+    assert live.wait_ms("u", "etl", "other", 0, 0) == 0
 
 
 # -- decisions ------------------------------------------------------------------------------------
