@@ -37,7 +37,7 @@ from protocol.frames import frame
 from protocol.headers import encode_request_header, response_body_offset
 
 from .clients import recv_exact, wait_until
-from .conftest import JAVA_TOPIC_COMMAND, KafkaJava
+from .conftest import JAVA_CONFIG_COMMAND, JAVA_TOPIC_COMMAND, KafkaJava
 from .proxies import QuotaProxy
 from .quota_runs import report
 
@@ -113,30 +113,60 @@ def _assert_held_to_quota(partitions: int, elapsed_s: float, rate: float, topic_
     assert partitions <= bound, f"{what}: {partitions} partitions in {elapsed_s:.1f} s beat the quota"
 
 
+def _java_loop(kafka_java: KafkaJava, bootstrap: str, client_id: str, names: list[str], partitions: int,
+               source: Path) -> float:
+    """Run the Java AdminClient loop; seconds from its first request to its last topic created."""
+    source.write_text(JAVA_CREATE_LOOP)
+    prefix = names[0].rsplit("-", 1)[0]
+    # the JDK's single-file source launcher compiles it against the Kafka jars on the class path
+    done = kafka_java.run(str(source), bootstrap, client_id, prefix, str(len(names)), str(partitions),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    lines = done.stdout.decode().split()
+    assert [lines[i + 1] for i in range(0, len(lines), 3)] == names  # each once, in order, no error
+    return int(lines[-1]) / 1000.0
+
+
 def test_java_admin_client_creates_every_topic_once_at_the_quota_rate(
         quotas: QuotaProxy, kafka_java: KafkaJava, kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     rate, count, partitions = RATES["cm-java"], 24, 5
     prefix = f"cm-java-{uuid.uuid4().hex[:8]}"
     names = [f"{prefix}-{i}" for i in range(count)]
-    source = tmp_path / "CreateTopicsLoop.java"
-    source.write_text(JAVA_CREATE_LOOP)
-    throttled_before = quotas.metric("kthrottle_throttles_total", quota="controller_mutation_rate", user="",
-                                     client_id="cm-java")
-    # the JDK's single-file source launcher compiles it against the Kafka jars on the class path
-    done = kafka_java.run(str(source), quotas.bootstrap, "cm-java", prefix, str(count), str(partitions),
-                          timeout=300)
+    labels = {"quota": "controller_mutation_rate", "user": "", "client_id": "cm-java"}
+    throttled_before = quotas.metric("kthrottle_throttles_total", **labels)
     try:
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-        lines = done.stdout.decode().split()
-        created = [lines[i + 1] for i in range(0, len(lines), 3)]
-        assert created == names  # each once, in order, no error
-        elapsed_s = int(lines[-1]) / 1000.0
+        elapsed_s = _java_loop(kafka_java, quotas.bootstrap, "cm-java", names, partitions,
+                               tmp_path / "CreateTopicsLoop.java")
         _wait_created(kafka_cluster, prefix, dict.fromkeys(names, partitions))
-        throttles = quotas.metric("kthrottle_throttles_total", quota="controller_mutation_rate", user="",
-                                  client_id="cm-java") - throttled_before
+        throttles = quotas.metric("kthrottle_throttles_total", **labels) - throttled_before
         assert throttles >= 1, "the quota never refused a topic: the AdminClient never had to retry"
-        _assert_held_to_quota(count * partitions, elapsed_s, rate, partitions, "Java AdminClient")
+        _assert_held_to_quota(count * partitions, elapsed_s, rate, partitions,
+                              "Java AdminClient via kthrottle")
     finally:
+        _delete_directly(kafka_cluster, names)
+
+
+def test_the_same_loop_against_the_brokers_own_quota(
+        kafka_java: KafkaJava, kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """Side by side: the same loop straight at the cluster, with the quota set on the brokers
+    (their controller enforces it); Kafka's own figures obey the bound the proxy is held to."""
+    rate, count, partitions = RATES["cm-java"], 24, 5
+    client = f"cm-direct-{uuid.uuid4().hex[:8]}"
+    names = [f"{client}-{i}" for i in range(count)]
+    entity = ("--entity-type", "clients", "--entity-name", client)
+    config = kafka_java.run(JAVA_CONFIG_COMMAND, "--bootstrap-server", kafka_cluster.bootstrap, "--alter",
+                            "--add-config", f"controller_mutation_rate={rate}", *entity)
+    assert config.returncode == 0, config.stderr.decode(errors="replace")
+    try:
+        time.sleep(2)  # the controller applies the quota once the record reaches it
+        elapsed_s = _java_loop(kafka_java, kafka_cluster.bootstrap, client, names, partitions,
+                               tmp_path / "CreateTopicsLoop.java")
+        _wait_created(kafka_cluster, client, dict.fromkeys(names, partitions))
+        _assert_held_to_quota(count * partitions, elapsed_s, rate, partitions,
+                              "Java AdminClient, brokers' own quota")
+    finally:
+        kafka_java.run(JAVA_CONFIG_COMMAND, "--bootstrap-server", kafka_cluster.bootstrap, "--alter",
+                       "--delete-config", "controller_mutation_rate", *entity)
         _delete_directly(kafka_cluster, names)
 
 

@@ -522,3 +522,50 @@ def test_split_and_merge_keep_the_clients_order(counts: list[int], spent: int, s
         return
     assert [r.name for r in results] == names  # merged (even from a broker answering out of order)
     assert [r.error_code == THROTTLING_QUOTA_EXCEEDED for r in results] == [n not in sent for n in names]
+
+
+def test_delete_topics_v5_names_are_split_and_merged() -> None:
+    """DeleteTopics v5 is strict too, and names topics in a plain string array."""
+    conn = connection(engine())
+    conn.receive_from_client(framed(delete_topics(1, "a", "b", version=5)), T0)
+    lookup = metadata_answer(9, [("a", 101, None, 0), ("b", 1, None, 0)])
+    (forwarded,) = broker_frames(conn.receive_from_broker(framed(lookup), T0))
+    assert decode(DeleteTopicsRequest, forwarded, 5, is_request=True).topic_names == ["a"]
+    result = conn.receive_from_broker(framed(deleted(1, ("a", 0), version=5)), T0)
+    message = decode(DeleteTopicsResponse, client_frames(result)[0], 5)
+    assert names_and_errors(message, "responses") == [("a", 0), ("b", THROTTLING_QUOTA_EXCEEDED)]
+    assert message.throttle_time_ms == 100
+
+
+def test_create_partitions_v3_is_strict_and_validate_only_is_charged() -> None:
+    conn = connection(engine())
+    conn.receive_from_client(framed(create_partitions(1, ("a", 111), ("b", 3), validate_only=True)), T0)
+    actions = conn.receive_from_broker(framed(metadata_answer(9, [("a", 1, None, 0), ("b", 1, None, 0)])), T0)
+    (forwarded,) = broker_frames(actions)
+    assert [t.name for t in decode(CreatePartitionsRequest, forwarded, 3, is_request=True).topics] == ["a"]
+    cls = CreatePartitionsResponse
+    answer = response(cls, 3, 1, throttle_time_ms=0, results=[
+        cls.CreatePartitionsTopicResult(name="a", error_code=0, error_message=None)])
+    result = conn.receive_from_broker(framed(answer), T0)
+    message = decode(cls, client_frames(result)[0], 3)
+    assert names_and_errors(message, "results") == [("a", 0), ("b", THROTTLING_QUOTA_EXCEEDED)]
+    assert message.throttle_time_ms == 1000  # 110 added of 100 tokens: 10 in debt at 10/s
+
+
+def test_pipelined_mutations_each_wait_for_their_own_lookup() -> None:
+    e = engine(rate=1000.0)
+    conn = connection(e)
+    actions = conn.receive_from_client(framed(delete_topics(1, "a"), delete_topics(2, "b")), T0)
+    assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [LOOKUP_CORRELATION_ID]
+    actions = conn.receive_from_broker(framed(metadata_answer(9, [("a", 3, None, 0)])), T0)
+    sent = broker_frames(actions)
+    assert [parse_request_header(f).correlation_id for f in sent] == [1, LOOKUP_CORRELATION_ID]
+    assert decode(MetadataRequest, sent[1], 9, is_request=True).topics[0].name == "b"
+    # the broker answers in order: request 1, then the second lookup
+    in_order = framed(deleted(1, ("a", 0)), metadata_answer(9, [("b", 4, None, 0)]))
+    actions = conn.receive_from_broker(in_order, T0)
+    assert [int.from_bytes(f[:4], "big") for f in client_frames(actions)] == [1]
+    assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [2]
+    assert e.controller_mutation.buckets[BucketKey("", CLIENT)].rate.total(T0) == 7
+    done = conn.receive_from_broker(framed(deleted(2, ("b", 0))), T0)
+    assert [int.from_bytes(f[:4], "big") for f in client_frames(done)] == [2]
