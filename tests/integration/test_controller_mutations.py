@@ -13,6 +13,7 @@ charged.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -233,7 +234,7 @@ def _exchange(proxy: QuotaProxy | str, cls: Any, version: int, client_id: str,
     return response_cls.decode(memoryview(answer)[offset:], version=version), rtt_ms
 
 
-def _create(proxy: QuotaProxy, version: int, client_id: str, names: list[str],
+def _create(proxy: QuotaProxy | str, version: int, client_id: str, names: list[str],
             partitions: int) -> tuple[Any, float]:
     topics = [CreateTopicsRequest.CreatableTopic(name=n, num_partitions=partitions, replication_factor=1,
                                                  assignments=[], configs=[]) for n in names]
@@ -245,32 +246,61 @@ def _wait_created(kafka_cluster: LocalKafka, prefix: str, expected: dict[str, in
     wait_until(lambda: _partitions(kafka_cluster, prefix) == expected, 30, f"topics {sorted(expected)}")
 
 
+@contextlib.contextmanager
+def _target(where: str, quotas: QuotaProxy, kafka_java: KafkaJava, kafka_cluster: LocalKafka,
+            client: str) -> Iterator[tuple[str, str]]:
+    """(address, client id) to send to: the proxy under its quota for `client`, or the brokers
+    with the same controller_mutation_rate set on them for a client id of its own."""
+    if where == "kthrottle":
+        yield quotas.bootstrap, client
+        return
+    own = f"{client}-{uuid.uuid4().hex[:8]}"
+    entity = ("--entity-type", "clients", "--entity-name", own)
+    config = kafka_java.run(JAVA_CONFIG_COMMAND, "--bootstrap-server", kafka_cluster.bootstrap, "--alter",
+                            "--add-config", f"controller_mutation_rate={RATES[client]}", *entity)
+    assert config.returncode == 0, config.stderr.decode(errors="replace")
+    time.sleep(2)  # the controller applies the quota once the record reaches it
+    try:
+        yield kafka_cluster.bootstrap, own
+    finally:
+        kafka_java.run(JAVA_CONFIG_COMMAND, "--bootstrap-server", kafka_cluster.bootstrap, "--alter",
+                       "--delete-config", "controller_mutation_rate", *entity)
+
+
+@pytest.mark.parametrize("where", ["kthrottle", "brokers"])
 def test_strict_create_topics_is_split_and_merged_in_the_clients_order(
-        quotas: QuotaProxy, kafka_cluster: LocalKafka) -> None:
-    """Rate 1/s, burst 11: 8 (tokens 3) and 8 (tokens -5) accepted, the next two refused for ~5 s."""
-    prefix = f"cm-strict-{uuid.uuid4().hex[:8]}"
+        where: str, quotas: QuotaProxy, kafka_java: KafkaJava, kafka_cluster: LocalKafka) -> None:
+    """Rate 1/s, burst 11: 8 (tokens 3) and 8 (tokens -5) accepted, the next two refused for ~5 s;
+    the brokers' own quota answers the same."""
+    prefix = f"cm-strict-{where}-{uuid.uuid4().hex[:8]}"
     names = [f"{prefix}-{c}" for c in "abcd"]
     try:
-        response, rtt_ms = _create(quotas, 7, "cm-strict", names, 8)
+        with _target(where, quotas, kafka_java, kafka_cluster, "cm-strict") as (address, client):
+            response, rtt_ms = _create(address, 7, client, names, 8)
         refused = THROTTLING_QUOTA_EXCEEDED
         assert [(t.name, t.error_code) for t in response.topics] == [
             (names[0], 0), (names[1], 0), (names[2], refused), (names[3], refused)]
         assert response.topics[0].num_partitions == 8  # the broker's own result, merged in
         assert 5000 - rtt_ms - 1 <= response.throttle_time_ms <= 5000
+        report(f"strict CreateTopics via {where}: throttle {response.throttle_time_ms} ms")
         _wait_created(kafka_cluster, prefix, {names[0]: 8, names[1]: 8})
     finally:
         _delete_directly(kafka_cluster, names)
 
 
+@pytest.mark.parametrize("where", ["kthrottle", "brokers"])
 def test_permissive_create_topics_goes_through_and_is_throttled_after(
-        quotas: QuotaProxy, kafka_cluster: LocalKafka) -> None:
-    """CreateTopics v4 (before KIP-599's v6): all created; tokens 11 - 24 = -13, a 13 s throttle."""
-    prefix = f"cm-permissive-{uuid.uuid4().hex[:8]}"
+        where: str, quotas: QuotaProxy, kafka_java: KafkaJava, kafka_cluster: LocalKafka) -> None:
+    """CreateTopics v4 (before KIP-599's v6): all created; tokens 11 - 24 = -13, a 13 s throttle;
+    the brokers' own quota answers the same."""
+    prefix = f"cm-permissive-{where}-{uuid.uuid4().hex[:8]}"
     names = [f"{prefix}-{c}" for c in "abc"]
     try:
-        response, rtt_ms = _create(quotas, 4, "cm-permissive", names, 8)
+        with _target(where, quotas, kafka_java, kafka_cluster, "cm-permissive") as (address, client):
+            response, rtt_ms = _create(address, 4, client, names, 8)
         assert [(t.name, t.error_code) for t in response.topics] == [(n, 0) for n in names]
         assert 13_000 - rtt_ms - 1 <= response.throttle_time_ms <= 13_000
+        report(f"permissive CreateTopics v4 via {where}: throttle {response.throttle_time_ms} ms")
         _wait_created(kafka_cluster, prefix, dict.fromkeys(names, 8))
     finally:
         _delete_directly(kafka_cluster, names)
