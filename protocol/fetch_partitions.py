@@ -70,7 +70,8 @@ class ThrottledFetch:
     """A Fetch response under the partition throttles, and how long the client may wait for it."""
 
     frame: bytes
-    #: > 0 only when partitions were emptied and no records are left in the response: answered
+    #: > 0 only when partitions were emptied and nothing is left in the response for the client
+    #: (no records, no partition error, no partition tagged field such as a new leader): answered
     #: at once, the client would fetch the same offsets again at once and the broker read the same
     #: records again, for nothing. Holding it this long (the time until a throttle that emptied a
     #: partition is under its rate again), within the fetch's own `max_wait_ms`, is what a broker
@@ -172,7 +173,8 @@ def _check_version(api_version: int, topic_name: TopicNameOf | None) -> None:
 
 def _empty(frame: bytes, version: int, decide: PartitionDecision,
            topic_name: TopicNameOf | None) -> tuple[bytes, list[tuple[str, int]], int]:
-    """The frame with refused partitions emptied, those partitions, and how many kept records."""
+    """The frame with refused partitions emptied, those partitions, and how many partitions the
+    client must get at once: with records let through, an error code or tagged fields."""
     flexible = version >= FETCH_FIRST_FLEXIBLE
     by_id = version >= FETCH_FIRST_TOPIC_ID
     size = len(frame)
@@ -214,6 +216,8 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision,
             if pos + fixed > size:
                 raise _FieldError("partition", pos)
             index = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
+            if frame[pos + 4] or frame[pos + 5]:  # an error code: news the client must get at once
+                kept += 1
             pos += fixed
             # Counts, lengths and empty tag sections are read inline: this loop runs per
             # partition, and a call per field doubled its cost.
@@ -269,8 +273,9 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision,
             if flexible:
                 if pos < size and frame[pos] == 0:
                     pos += 1
-                else:
+                else:  # diverging epoch, current leader, snapshot id: news too
                     pos = _tags(frame, pos, "partition tagged fields")
+                    kept += 1
         if flexible:
             pos = _tags(frame, pos, "topic tagged fields")
     if flexible:

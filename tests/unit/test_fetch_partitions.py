@@ -45,9 +45,9 @@ def records(size: int, fill: int = 1) -> bytes:
 
 
 def partition(index: int, data: bytes | None, version: int, *, tags: bool = False,
-              aborted: int = 1) -> Any:
+              aborted: int = 1, error: int | None = None) -> Any:
     fields: dict[str, Any] = dict(
-        partition_index=index, error_code=index % 2, high_watermark=1000 + index,
+        partition_index=index, error_code=index % 2 if error is None else error, high_watermark=1000 + index,
         last_stable_offset=900 + index, log_start_offset=10 + index,
         aborted_transactions=[PD.AbortedTransaction(producer_id=77 + i, first_offset=905 + i)
                               for i in range(aborted)] if aborted >= 0 else None,
@@ -196,11 +196,21 @@ def test_throttle_fetch_response_with_the_throttles(version: int) -> None:
     assert len(again) == len(frame) - 200 - (1 if version >= 12 else 0)
 
 
+def quiet(version: int, *, error: int = 0, tags: bool = False) -> bytes:
+    """Like `sample`, with no partition error (unless `error`) and no tagged fields (unless `tags`)."""
+    return fetch_frame(version, [
+        topic("orders", ORDERS_ID, [partition(0, records(100), version, error=0),
+                                    partition(1, records(200, 2), version, error=0),
+                                    partition(2, None, version, error=error, tags=tags)], version),
+        topic("logs", LOGS_ID, [partition(0, records(300, 3), version, aborted=-1, error=0)], version),
+    ])
+
+
 def test_throttle_fetch_holds_only_responses_left_without_records() -> None:
     live = PartitionThrottles()
     live.set_throttles([PartitionThrottle("orders", "orders", None, 50.0),
                         PartitionThrottle("logs", "logs", None, 100.0)])
-    frame = sample(12)
+    frame = quiet(12)
     first = throttle_fetch(live, names(), "u", "c", frame, 12, 0)
     assert first.hold_ms == 0  # orders 1 emptied, but orders 0 and logs 0 went through
     assert len(first.frame) == len(frame) - 200 - 1
@@ -209,6 +219,10 @@ def test_throttle_fetch_holds_only_responses_left_without_records() -> None:
     # 50 B/s from 0 s, at 2 s; logs: 300 B at 100 B/s, at 3 s).
     assert second.hold_ms == 1500
     assert len(second.frame) == len(frame) - 600 - 2
+    # An error or a partition's tagged field (a new leader...) is news: not held.
+    assert throttle_fetch(live, names(), "u", "c", quiet(12, error=6), 12, 500).hold_ms == 0
+    assert throttle_fetch(live, names(), "u", "c", quiet(12, tags=True), 12, 500).hold_ms == 0
+    assert throttle_fetch(live, names(), "u", "c", quiet(11), 11, 500).hold_ms == 1500
     third = throttle_fetch(live, names(), "u", "c", frame, 12, 2000)
     assert third.hold_ms == 0 and len(third.frame) == len(frame) - 500 - 2  # orders 0 again
     live.set_throttles([PartitionThrottle("orders", "orders", None, 50.0, client_ids=frozenset({"c"}))])
