@@ -24,9 +24,11 @@ from pathlib import Path
 
 from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
+from quotas.partition_throttle import PartitionThrottle
 from quotas.types import QuotaType
 
 from .admin import Changes, apply_changes
+from .partition_throttles import load_partition_throttles
 from .quotas import QuotaConfigError, load_quota_file
 
 log = logging.getLogger("kthrottle.config")
@@ -84,10 +86,15 @@ class FileQuotaStore:
     """The quota file and its admin file; `on_change` gets every new effective table."""
 
     def __init__(self, quota_file: Path, on_change: Callable[[QuotaTable], None],
-                 admin_file: Path | None = None) -> None:
+                 admin_file: Path | None = None,
+                 on_partition_throttles: Callable[[list[PartitionThrottle]], None] | None = None) -> None:
         self.quota_file = quota_file
         self.admin_file = admin_file or admin_file_for(quota_file)
         self._on_change = on_change
+        #: gets the quota file's [[partition_throttle]] tables with every load (only the quota file
+        #: has them: the admin API changes client quotas, not partition throttles)
+        self._on_partition_throttles = on_partition_throttles
+        self._throttles: list[PartitionThrottle] = []
         self._table: QuotaTable = {}
         self._seen: tuple[_Signature, _Signature] = (None, None)
 
@@ -100,6 +107,9 @@ class FileQuotaStore:
     def _read(self) -> tuple[QuotaTable, QuotaTable]:
         base = load_quota_file(self.quota_file)
         overlay = load_quota_file(self.admin_file) if self.admin_file.exists() else {}
+        if self._on_partition_throttles is not None:
+            # read with the quotas, so an invalid table refuses the whole file, as a bad [[quota]] does
+            self._throttles = load_partition_throttles(self.quota_file)
         return base, overlay
 
     def start(self) -> None:
@@ -135,6 +145,8 @@ class FileQuotaStore:
                      self.quota_file.name, "; ".join(shadowed))
         self._table = table
         self._on_change(table)
+        if self._on_partition_throttles is not None:
+            self._on_partition_throttles(self._throttles)
         log.info("quotas from %s: %d entit%s", self.quota_file, len(table), "y" if len(table) == 1 else "ies")
 
     def alter(self, changes: Changes) -> None:

@@ -45,6 +45,7 @@ from .charging import (
 from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
 from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
 from .errors import ProtocolError, UnsupportedVersion
+from .fetch_partitions import PartitionThrottlePolicy, throttle_fetch
 from .fetch_stream import FetchStream, node_endpoints_slack
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
@@ -61,6 +62,7 @@ from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
 from .skim import produce_acks
+from .topic_names import TopicNames, learn_metadata_topics
 
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
 DECODED_APIS = frozenset({
@@ -87,8 +89,14 @@ class ProxyConnection:
     def __init__(self, advertise: Advertise, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  name: str = "connection", policy: QuotaPolicy | None = None,
                  throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None,
-                 known_brokers: Callable[[], Mapping[int, Address]] | None = None) -> None:
+                 known_brokers: Callable[[], Mapping[int, Address]] | None = None,
+                 partition_throttles: PartitionThrottlePolicy | None = None,
+                 topic_names: TopicNames | None = None) -> None:
         self.name = name
+        #: KIP-73 partition throttles (fetch_partitions.py) and the topic names they are
+        #: configured by, learned from Metadata responses (Fetch v13+ names topics by id)
+        self._partition_throttles = partition_throttles if topic_names is not None else None
+        self._topic_names = topic_names
         self.observer = observer
         self._advertise = advertise
         self.policy = policy
@@ -293,6 +301,9 @@ class ProxyConnection:
         entry = self._in_flight[0]
         if entry.api_key != ApiKey.FETCH or entry.precharged_ms is not None:
             return
+        throttles = self._partition_throttles
+        if throttles is not None and throttles.applies_to(self.principal, entry.client_id or ""):
+            return  # buffered whole: some partitions' records may be emptied
         partial = self._responses.partial()
         if partial is None:
             return
@@ -509,6 +520,9 @@ class ProxyConnection:
                     actions.append(self._authenticated(accepted))
             else:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
+            hold_ms = 0
+            if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
+                frame, hold_ms = self._throttle_partitions(entry, frame)
             throttle_ms = mute_ms = 0
             if self.policy is not None:
                 charge = charge_response if entry.api_key in KNOWN_APIS else charge_opaque_response
@@ -532,6 +546,13 @@ class ProxyConnection:
                 if mute_ms > 0:
                     self._mute(mute_ms, actions)
                 continue
+            if hold_ms > 0:  # left without records by the partition throttles: held as a long poll
+                if downstream:
+                    actions.append(ToClient(downstream))
+                    downstream = []
+                actions.append(ToClient([_size(len(frame)), frame, *take_local_responses(self._in_flight)],
+                                        delay_ms=hold_ms))
+                continue
             downstream += (_size(len(frame)), frame)
             downstream += take_local_responses(self._in_flight)
         if downstream:
@@ -539,6 +560,20 @@ class ProxyConnection:
         if looked_up:  # the mutation request that waited for its partition counts goes on
             actions += self.resume(self._now_ms)
         return actions
+
+    def _throttle_partitions(self, entry: InFlight, frame: bytes) -> tuple[bytes, int]:
+        """A Fetch response under the KIP-73 partition throttles (charged to the quotas as sent),
+        and how long to hold it when nothing is left in it, within its own max_wait_ms; from a
+        Metadata response, the ids of the throttled topics."""
+        throttles, names = self._partition_throttles, self._topic_names
+        assert throttles is not None and names is not None
+        if entry.api_key == ApiKey.METADATA:
+            learn_metadata_topics(names, frame, entry.api_version, throttles.topics)
+            return frame, 0
+        fetched = throttle_fetch(throttles, names, self.principal, entry.client_id or "", frame,
+                                 entry.api_version, int(self._now_ms))
+        left = entry.max_wait_ms - (self._now_ms - entry.sent_ms)
+        return fetched.frame, int(min(fetched.hold_ms, max(left, 0)))
 
     def _authenticated(self, exchange: SaslExchange) -> Authenticated:
         """The broker accepted the exchange: only now does the claimed name count."""

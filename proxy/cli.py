@@ -55,6 +55,7 @@ QUOTA_FILE_POLL_SECONDS = 0.5
 
 async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> QuotaStore | None:
     """ZooKeeper when configured, else the quota file (and its admin file), else none."""
+    from config.partition_throttles import load_partition_throttles
     from config.quotas import QuotaConfigError, load_quota_file
     from config.store import FileQuotaStore
 
@@ -65,6 +66,8 @@ async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> Quo
         if settings.quota_file is not None:
             try:
                 in_file = load_quota_file(settings.quota_file)
+                # partition throttles are not client quotas: they stay in the file (read at start)
+                server.partition_throttles.set_throttles(load_partition_throttles(settings.quota_file))
             except QuotaConfigError as exc:
                 raise SettingsError(str(exc)) from exc
             if in_file:
@@ -83,7 +86,8 @@ async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> Quo
         log.info("quotas live in ZooKeeper %s%s", settings.zookeeper, settings.zookeeper_chroot)
         return zk
     if settings.quota_file is not None:
-        store = FileQuotaStore(settings.quota_file, on_change=server.engine.set_quotas)
+        store = FileQuotaStore(settings.quota_file, on_change=server.engine.set_quotas,
+                               on_partition_throttles=server.partition_throttles.set_throttles)
         try:
             store.start()
         except QuotaConfigError as exc:
@@ -160,7 +164,11 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     if settings.metrics_port:
         from .http_endpoint import HttpEndpoint
 
-        endpoint = HttpEndpoint(server.metrics.registry, server.metrics.quotas.refresh, server.ready)
+        async def refresh() -> None:
+            await server.metrics.quotas.refresh()
+            server.partition_throttle_metrics.refresh()
+
+        endpoint = HttpEndpoint(server.metrics.registry, refresh, server.ready)
         try:
             await endpoint.start(None, settings.metrics_port)  # every interface, as before
         except OSError as exc:

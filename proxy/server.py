@@ -30,13 +30,16 @@ from protocol.connection import (
 from protocol.errors import ProtocolError
 from protocol.frames import TLS_ON_PLAINTEXT
 from protocol.tls_identity import principal_from_certificate
+from protocol.topic_names import TopicNames
 from quotas.engine import EngineConfig, QuotaEngine
+from quotas.partition_throttle import PartitionThrottles
 from quotas.rate import WindowConfig
 
 from .admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .discovery import discover_brokers
 from .memory_pool import RequestMemoryPool
 from .metrics import ProxyMetrics
+from .partition_throttles import register_partition_throttle_metrics
 from .quota_admin import QuotaAdminService
 from .tls import TlsContexts, describe_handshake_error, describe_upstream_error, start_server_tls
 from .upstream_health import UpstreamHealth, describe_error
@@ -155,7 +158,9 @@ class ClientSession(asyncio.Protocol):
         self.conn = ProxyConnection(server.advertise, max_request_bytes=server.settings.max_request_bytes,
                                     name=f"conn-{self.id}", policy=server.engine,
                                     throttle_mode=server.settings.throttle_mode,  # type: ignore[arg-type]
-                                    observer=server.metrics.exchange)
+                                    observer=server.metrics.exchange,
+                                    partition_throttles=server.partition_throttles,
+                                    topic_names=server.topic_names)
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._connecting: asyncio.Task[None] | None = None
         self._closing = False
@@ -576,6 +581,13 @@ class ProxyServer:
             quota_shape=settings.quota_shape,
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
+        #: KIP-73 partition throttles for consumers (the quota file's [[partition_throttle]]) and
+        #: the topic ids they need, one map per process: a client fetches on other connections
+        #: than the one its Metadata came on
+        self.partition_throttles = PartitionThrottles()
+        self.topic_names = TopicNames()
+        self.partition_throttle_metrics = register_partition_throttle_metrics(
+            self.metrics.registry, self.partition_throttles, self.topic_names)
         descriptors = raise_descriptor_limit()
         fits = connections_for_descriptors(descriptors)
         max_connections = settings.max_connections or fits

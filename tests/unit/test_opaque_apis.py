@@ -250,7 +250,7 @@ def api_versions_body(version: int, ranges: list[tuple[int, int, int]]) -> bytes
 @pytest.mark.parametrize("version", [0, 3, 4])
 def test_api_versions_keeps_what_the_proxy_forwards_opaque(version: int) -> None:
     broker = [
-        (ApiKey.FETCH, 4, 18),  # known, offered up to v15 so that it streams
+        (ApiKey.FETCH, 4, 18),  # known, offered as far as the proxy's schemas go (v18)
         (ApiKey.DESCRIBE_QUORUM, 0, 9),  # controller addresses read by hand: up to v2
         (CONSUMER_GROUP_HEARTBEAT, 0, 1),  # KIP-848: the broker's range
         (PUSH_TELEMETRY, 0, 0),  # KIP-714
@@ -263,7 +263,7 @@ def test_api_versions_keeps_what_the_proxy_forwards_opaque(version: int) -> None
     got = {e.api_key: (e.min_version, e.max_version)
            for e in ApiVersionsResponse.decode(clamped, version=version).api_keys}
     assert got == {
-        ApiKey.FETCH: (4, 15), ApiKey.DESCRIBE_QUORUM: (0, 2), CONSUMER_GROUP_HEARTBEAT: (0, 1),
+        ApiKey.FETCH: (4, 18), ApiKey.DESCRIBE_QUORUM: (0, 2), CONSUMER_GROUP_HEARTBEAT: (0, 1),
         PUSH_TELEMETRY: (0, 0), SHARE_FETCH: (1, 2), SHARE_ACK: (1, 2), NO_SCHEMA: (0, 3),
         ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1), ApiKey.ALTER_CLIENT_QUOTAS: (0, 1),
     }
@@ -280,7 +280,8 @@ def test_offered_ranges() -> None:
     assert offered_range(CONSUMER_GROUP_HEARTBEAT) is None
     assert offered_range(SHARE_FETCH) == (0, 2)
     assert offered_range(ApiKey.DESCRIBE_QUORUM) == (0, 2)
-    assert offered_range(ApiKey.FETCH) == (KNOWN_APIS[ApiKey.FETCH].min_version, 15)
+    fetch = KNOWN_APIS[ApiKey.FETCH]
+    assert offered_range(ApiKey.FETCH) == (fetch.min_version, fetch.max_version)
 
 
 @pytest.mark.parametrize(("key", "version", "what"), [
