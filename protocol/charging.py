@@ -40,6 +40,9 @@ class QuotaVerdict(Protocol):
     @property
     def throttle_ms(self) -> int: ...
 
+    @property
+    def deliver_fetch(self) -> bool: ...
+
 
 class MutationVerdict(Protocol):
     @property
@@ -102,12 +105,11 @@ def prepare_fetch(policy: QuotaPolicy, principal: str, entry: InFlight, frame: b
 
 
 def charge_fetch(policy: QuotaPolicy, principal: str, entry: InFlight, fetch_bytes: int,
-                 now_ms: float) -> int:
-    """Charge a streamed Fetch response on its first bytes; the throttle (0 if none)."""
+                 now_ms: float) -> QuotaVerdict:
+    """Charge a streamed Fetch response on its first bytes."""
     request_time = max(now_ms - entry.sent_ms - entry.max_wait_ms, 0.0)
-    verdict = policy.charge(principal, entry.client_id or "", int(now_ms),
-                            fetch_bytes=fetch_bytes, request_time_ms=request_time)
-    return verdict.throttle_ms
+    return policy.charge(principal, entry.client_id or "", int(now_ms),
+                         fetch_bytes=fetch_bytes, request_time_ms=request_time)
 
 
 def charge_mutation(policy: QuotaPolicy, principal: str, request: MutationRequest,
@@ -168,7 +170,7 @@ def charge_response(policy: QuotaPolicy, principal: str, entry: InFlight, frame:
     if throttle <= 0:
         return frame, 0, 0
     combined = max(throttle, read_throttle(entry.api_key, entry.api_version, frame, body_offset))
-    if entry.api_key == ApiKey.FETCH:
+    if entry.api_key == ApiKey.FETCH and not verdict.deliver_fetch:
         return empty_fetch_response(frame, body_offset, entry.api_version, combined), throttle, mute
     return set_throttle(entry.api_key, entry.api_version, frame, body_offset, combined), throttle, mute
 

@@ -62,6 +62,7 @@ from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
 from .skim import produce_acks
+from .throttling import throttle_stream_head
 from .topic_names import TopicNames, learn_metadata_topics
 
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
@@ -75,6 +76,9 @@ DECODED_APIS = frozenset({
 #: whole, unless over a quota (then they are emptied); a v16+ response's NodeEndpoints are
 #: rewritten on the way (`fetch_stream.py`).
 STREAM_MIN_BYTES = 64 * 1024
+#: With quotas, a Fetch response streams once this much of it is buffered: its header and
+#: throttle_time_ms, which a throttle delivered with the response is written into.
+THROTTLE_HEAD_BYTES = 32
 
 
 ThrottleMode = Literal["mute", "delay"]
@@ -315,15 +319,23 @@ class ProxyConnection:
             raise ProtocolError(
                 f"response correlation id {correlation_id} does not match the oldest request "
                 f"(Fetch, correlation id {entry.correlation_id})")
+        throttle = 0
         if self.policy is not None:
+            if buffered < THROTTLE_HEAD_BYTES:
+                return  # a throttle must be written into the first bytes sent
             # Charged on its first bytes: its size is in the prefix, and time to first byte is
             # the better measure of what it cost the broker.
-            throttle = charge_fetch(self.policy, self.principal, entry, 4 + size - 5, self._now_ms)
-            if throttle > 0:
+            verdict = charge_fetch(self.policy, self.principal, entry, 4 + size - 5, self._now_ms)
+            throttle = verdict.throttle_ms
+            if throttle > 0 and not verdict.deliver_fetch:
                 entry.precharged_ms = throttle  # over quota: buffer it whole and empty it
                 return
         self._in_flight.popleft()
         head = self._responses.take_partial()
+        if throttle > 0:  # delivered all the same (the smooth shape): its throttle goes in, then a mute
+            head = throttle_stream_head(entry.api_version, head, throttle)
+            actions.append(Throttled(ApiKey.FETCH, throttle))
+            self._mute(throttle, actions)
         self._streaming = entry
         self._passthrough = size - len(head)
         self._streaming_size = size

@@ -16,7 +16,7 @@ from kafka.protocol.schemas import BaseField
 from .apis import KNOWN_APIS, ApiKey
 from .errors import MalformedBody
 from .fetch_stream import FETCH_STREAM_VERSIONS, fetch_tail
-from .headers import RequestHeader
+from .headers import RequestHeader, response_body_offset
 from .skim import decode_strict
 
 _INT32 = 2**31 - 1
@@ -85,6 +85,15 @@ def set_throttle(api_key: int, api_version: int, frame: bytes, body_offset: int,
         message.throttle_time_ms = max(message.throttle_time_ms or 0, value)  # a broker's may be larger
         return frame[:body_offset] + bytes(message.encode())
     return frame
+
+
+def throttle_stream_head(api_version: int, head: bytes, throttle_ms: int) -> bytes:
+    """The first bytes of a streamed Fetch response (header included) with its throttle set: the
+    larger of `throttle_ms` and the broker's own."""
+    spec = KNOWN_APIS[ApiKey.FETCH]
+    body_offset = response_body_offset(head, spec.response_header_version(api_version))
+    combined = max(throttle_ms, read_throttle(ApiKey.FETCH, api_version, head, body_offset))
+    return set_throttle(ApiKey.FETCH, api_version, head, body_offset, combined)
 
 
 def empty_fetch_response(frame: bytes, body_offset: int, api_version: int, throttle_ms: int) -> bytes:

@@ -23,7 +23,7 @@ from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
-from .token_bucket import KAFKA, QUOTA_SHAPES, QuotaShape
+from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 from .types import QuotaType
 
 #: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
@@ -64,6 +64,9 @@ class Verdict:
     throttle_ms: int
     #: The quota whose throttle was largest (None when not throttled).
     quota: QuotaType | None = None
+    #: A throttled Fetch's records go out all the same (the smooth shape; see QuotaEngine.charge);
+    #: False: the response is emptied, as Kafka answers a throttled fetch.
+    deliver_fetch: bool = False
 
 
 NO_THROTTLE = Verdict(0)
@@ -192,9 +195,19 @@ class QuotaEngine:
         if worst is None or worst_type is None:
             return NO_THROTTLE
         managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
+        deliver = False
         if fetch_charge is not None:
-            managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
-        return Verdict(worst.throttle_ms, worst_type)
+            # Kafka answers a throttled fetch without records and takes its bytes back, yet its
+            # throttle counted them: a response that crosses the quota costs the consumer twice
+            # (half its quota with 1 MiB fetches against 1 MB/s). In the smooth shape a fetch that
+            # finds its token bucket out of debt is delivered and paid back by the throttle, as a
+            # produce is, and the token bucket holds the long-run rate to the quota whatever the
+            # response sizes. Only one that finds the bucket in debt (sent on another connection
+            # during the throttle) is emptied and taken back.
+            deliver = self.config.quota_shape == SMOOTH and not fetch_charge.in_debt
+            if not deliver:
+                managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
+        return Verdict(worst.throttle_ms, worst_type, deliver)
 
     # -- controller mutations (KIP-599) --------------------------------------------------------
 

@@ -147,6 +147,8 @@ class Charge(NamedTuple):
     bound: float
     observed: float  # the rate decided on: with a fleet, the bucket's own plus its peers'
     throttle_ms: int
+    #: the smooth shape's token bucket was in debt before this recording (see QuotaEngine.charge)
+    in_debt: bool = False
 
 
 UNLIMITED = Charge(None, float("inf"), 0.0, 0)
@@ -371,7 +373,9 @@ class ClientQuotaManager:
             elif reports is not None or peers.has_digests:
                 observed += peers.rate(key, now_ms)  # some report is ageing, or a long name
         tokens = bucket.tokens
+        in_debt = False
         if tokens is not None:
+            in_debt = tokens.level(bound, now_ms) < 0.0
             throttle = tokens.record(value, bound, now_ms)
             if peers is not None and observed > bound:
                 throttle = max(throttle, throttle_time_ms(observed, bound, window_ms))
@@ -391,7 +395,7 @@ class ClientQuotaManager:
                 self.throttled_until_ms = bucket.throttled_until_ms
         if peers is not None:
             self._throttled[key] = bucket.throttled_until_ms
-        return Charge(key, bound, observed, throttle)
+        return Charge(key, bound, observed, throttle, in_debt)
 
     # -- the fleet ------------------------------------------------------------------------------
 
@@ -509,9 +513,8 @@ class ClientQuotaManager:
     def max_value_in_window(self, user: str, client_id: str) -> float | None:
         """Kafka's cap for a fetch: the quota times (samples - 1) windows, i.e. 10x the quota per second.
 
-        In the "smooth" shape, the burst (one second of quota): a throttled fetch is taken back
-        (its records are not sent), so a fetch larger than the token bucket could hold would be
-        throttled every time and never delivered.
+        In the "smooth" shape, the burst (one second of quota): a fetch over it is delivered and
+        paid back by the throttle after (see QuotaEngine.charge), so this bounds each payback.
         """
         found = self._lookup(user, client_id)
         if found is None:

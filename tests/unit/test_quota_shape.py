@@ -37,7 +37,8 @@ def greedy(quota_engine: QuotaEngine, kind: QuotaType, size: int, seconds: int,
     """A client offering `offered` x the quota in `size`-byte requests for `seconds`.
 
     Returns (time served, bytes served) per request and every throttle it was given. A throttled
-    Fetch delivers nothing (the engine takes its bytes back), as Kafka answers it empty.
+    Fetch delivers nothing (the engine takes its bytes back), as Kafka answers it empty, unless the
+    verdict delivers it (the smooth shape, when its token bucket was not in debt before it).
     """
     api_key = 0 if kind is P else 1
     if kind is F:  # a consumer asks for at most what the proxy lets it (fetch_max_bytes)
@@ -59,7 +60,7 @@ def greedy(quota_engine: QuotaEngine, kind: QuotaType, size: int, seconds: int,
         if verdict.throttle_ms:
             throttles.append(verdict.throttle_ms)
             muted_until = now + verdict.throttle_ms
-        if kind is P or not verdict.throttle_ms:
+        if kind is P or not verdict.throttle_ms or verdict.deliver_fetch:
             served.append((now, size))
         offer = max(offer + gap_ms, now)
 
@@ -121,7 +122,7 @@ def test_kafka_greedy_producer_is_bursty() -> None:
 
 @pytest.mark.parametrize("size", [100_000, 1_000_000, 50_000_000])
 def test_smooth_greedy_consumer(size: int) -> None:
-    """A throttled fetch is taken back, and a fetch is capped at the burst, so it is delivered."""
+    """A fetch is capped at the burst; one that overdraws the bucket is delivered and paid back."""
     seconds = 120
     quota_engine = engine("smooth", {F: QUOTA})
     assert quota_engine.fetch_max_bytes("ANONYMOUS", "app") == int(QUOTA * BURST_MS / 1000)
@@ -245,3 +246,20 @@ def test_smooth_in_a_fleet_keeps_the_fleet_wide_bound() -> None:
     assert alone.charge("ANONYMOUS", "app", 100, produce_bytes=100).throttle_ms == 0
     # own 600 over the padded 10.1 s window (59.4/s) plus the peers' 1500/s: Kafka's formula, 5650 ms
     assert verdict.throttle_ms == 5650
+
+
+def test_smooth_fetch_larger_than_the_burst_is_delivered_and_one_in_debt_is_not() -> None:
+    """A response larger than the whole token bucket (framing, or KIP-74's whole first batch) would
+    be emptied for ever if an overdraw emptied it; it is delivered when the bucket is out of debt,
+    and only a fetch that finds the bucket in debt is emptied and taken back."""
+    quota_engine = engine("smooth", {F: QUOTA})
+    big = int(QUOTA * 1.5)
+    first = quota_engine.charge("ANONYMOUS", "app", 0, fetch_bytes=big)
+    assert first.throttle_ms == 500 and first.deliver_fetch
+    second = quota_engine.charge("ANONYMOUS", "app", 100, fetch_bytes=1000)  # another connection
+    assert second.throttle_ms > 0 and not second.deliver_fetch
+    (bucket,) = quota_engine.managers[F].buckets.values()
+    assert bucket.tokens is not None
+    assert bucket.tokens.level(QUOTA, 100) == pytest.approx(-QUOTA * 0.4)  # only the first counted
+    kafka = engine("kafka", {F: 1000.0}).charge("ANONYMOUS", "app", 0, fetch_bytes=50_000)
+    assert kafka.throttle_ms > 0 and not kafka.deliver_fetch  # Kafka's shape: emptied, as brokers do
