@@ -67,6 +67,10 @@ class ProxySettings:
     #: The KIP-936 draft's producer.id.quota.window.num / .size.seconds.
     producer_id_quota_window_num: int = 11
     producer_id_quota_window_size_seconds: int = 3600
+    #: Kafka's controller.quota.window.num / .size.seconds: the controller mutation token bucket's
+    #: burst is their product times the rate (KIP-599).
+    controller_quota_window_num: int = 11
+    controller_quota_window_size_seconds: int = 1
     #: At most this many (user, client-id) series per quota type in the metrics; the rest fold
     #: into one series labelled "__other__".
     metrics_max_entities: int = 1000
@@ -202,7 +206,8 @@ def load_settings(path: Path | None) -> ProxySettings:
             settings.zookeeper_chroot = value
         elif key in ("node_port_base", "metrics_port", "max_request_bytes", "quota_window_num",
                      "quota_window_size_seconds", "producer_id_quota_window_num",
-                     "producer_id_quota_window_size_seconds", "metrics_max_entities",
+                     "producer_id_quota_window_size_seconds", "controller_quota_window_num",
+                     "controller_quota_window_size_seconds", "metrics_max_entities",
                      "max_connections", "max_connections_per_ip", "connections_max_idle_ms",
                      "connection_setup_timeout_ms", "queued_max_request_bytes",
                      "connection_buffer_bytes", "max_quota_buckets"):

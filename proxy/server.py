@@ -579,6 +579,8 @@ class ProxyServer:
                                     settings.producer_id_quota_window_size_seconds * 1000),
             max_buckets=settings.max_quota_buckets,
             quota_shape=settings.quota_shape,
+            controller_window=WindowConfig(settings.controller_quota_window_num,
+                                           settings.controller_quota_window_size_seconds * 1000),
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         #: KIP-73 partition throttles for consumers (the quota file's [[partition_throttle]]) and

@@ -569,3 +569,16 @@ def test_pipelined_mutations_each_wait_for_their_own_lookup() -> None:
     assert e.controller_mutation.buckets[BucketKey("", CLIENT)].rate.total(T0) == 7
     done = conn.receive_from_broker(framed(deleted(2, ("b", 0))), T0)
     assert [int.from_bytes(f[:4], "big") for f in client_frames(done)] == [2]
+
+
+def test_the_controller_window_is_a_proxy_setting(tmp_path: Any) -> None:
+    """Kafka's controller.quota.window.num / .size.seconds: [proxy] settings, checked like the others."""
+    from config.settings import SettingsError, load_settings
+
+    path = tmp_path / "kthrottle.toml"
+    path.write_text("[proxy]\ncontroller_quota_window_num = 2\ncontroller_quota_window_size_seconds = 5\n")
+    settings = load_settings(path)
+    assert (settings.controller_quota_window_num, settings.controller_quota_window_size_seconds) == (2, 5)
+    path.write_text("[proxy]\ncontroller_quota_window_num = 0\n")
+    with pytest.raises(SettingsError, match="controller_quota_window_num = 0 must be a positive integer"):
+        load_settings(path)
