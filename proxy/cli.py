@@ -117,12 +117,14 @@ TRIM_AFTER_BYTES = 32 * 1024 * 1024
 
 
 async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
-    """Expire quota buckets whose history has passed, summarise repeated log lines, pick up rotated
-    TLS certificates (new connections get them; proxy/tls.py), and give memory back after a spike
-    of large requests (see _tune_malloc: glibc keeps freed memory otherwise)."""
+    """Expire quota buckets whose history has passed, look up throttled topics' unknown ids,
+    summarise repeated log lines, pick up rotated TLS certificates (new connections get them;
+    proxy/tls.py), and give memory back after a spike of large requests (see _tune_malloc: glibc
+    keeps freed memory otherwise)."""
     while True:
         await asyncio.sleep(HOUSEKEEPING_SECONDS)
         server.engine.expire_idle(int(time.monotonic() * 1000))
+        server.topic_ids.poll(time.monotonic())
         if server.tls is not None:
             server.tls.poll()
         summary.flush()

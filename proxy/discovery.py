@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -20,15 +22,21 @@ from protocol.headers import encode_request_header
 
 #: Metadata v9 (first flexible version) is spoken by every Kafka since 2.4 and still by 4.x.
 _VERSION = 9
+#: Metadata v10 (Kafka 2.8+) is the first to give topic ids.
+_TOPIC_ID_VERSION = 10
 
 
 async def fetch_metadata(host: str, port: int, tls: ssl.SSLContext | None = None, timeout: float = 5.0,
-                         client_id: str = "kthrottle-discovery") -> Any:
+                         client_id: str = "kthrottle-discovery", topics: Sequence[str] = ()) -> Any:
     """One Metadata v9 answer (no topics) from one upstream server, over TLS with `tls` (the
-    broker's certificate checked against `host`, as for client connections)."""
-    body = MetadataRequest[_VERSION](topics=[], allow_auto_topic_creation=False,
-                                     include_topic_authorized_operations=False).encode()
-    request = encode_request_header(ApiKey.METADATA, _VERSION, 1, client_id) + bytes(body)
+    broker's certificate checked against `host`, as for client connections); with `topics`, a v10
+    answer about them (their ids)."""
+    version = _TOPIC_ID_VERSION if topics else _VERSION
+    Request = MetadataRequest[version]
+    wanted = [Request.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name) for name in topics]
+    body = Request(topics=wanted, allow_auto_topic_creation=False,
+                   include_topic_authorized_operations=False).encode()
+    request = encode_request_header(ApiKey.METADATA, version, 1, client_id) + bytes(body)
     connecting = (asyncio.open_connection(host, port, ssl=tls, server_hostname=host) if tls is not None
                   else asyncio.open_connection(host, port))
     reader, writer = await asyncio.wait_for(connecting, timeout)
@@ -40,9 +48,9 @@ async def fetch_metadata(host: str, port: int, tls: ssl.SSLContext | None = None
         writer.close()
     # Response header v1: correlation id and an empty tagged-field section.
     try:
-        return MetadataResponse.decode(memoryview(response)[5:], version=_VERSION)
+        return MetadataResponse.decode(memoryview(response)[5:], version=version)
     except (struct.error, IndexError, UnicodeDecodeError) as exc:  # kafka-python on garbage bytes
-        raise ValueError(f"not a Metadata v{_VERSION} answer: {exc}") from exc
+        raise ValueError(f"not a Metadata v{version} answer: {exc}") from exc
 
 
 async def fetch_brokers(host: str, port: int, tls: ssl.SSLContext | None = None,
@@ -50,6 +58,21 @@ async def fetch_brokers(host: str, port: int, tls: ssl.SSLContext | None = None,
     """Brokers (node id -> address) listed by one upstream server."""
     metadata = await fetch_metadata(host, port, tls, timeout)
     return {broker.node_id: (broker.host, broker.port) for broker in metadata.brokers}
+
+
+async def fetch_topic_ids(upstream: list[Address], topics: Sequence[str],
+                          tls: ssl.SSLContext | None = None) -> dict[str, bytes]:
+    """The ids of `topics` the cluster knows (name -> 16 bytes), from the first server that answers."""
+    errors = []
+    for host, port in upstream:
+        try:
+            metadata = await fetch_metadata(host, port, tls, client_id="kthrottle-topic-ids", topics=topics)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+            continue
+        return {topic.name: topic.topic_id.bytes for topic in metadata.topics
+                if topic.error_code == 0 and topic.topic_id is not None}
+    raise ConnectionError("; ".join(errors))
 
 
 async def discover_brokers(upstream: list[Address], tls: ssl.SSLContext | None = None) -> dict[int, Address]:

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,7 +40,7 @@ from .admission import ConnectionLimits, connections_for_descriptors, raise_desc
 from .discovery import discover_brokers
 from .memory_pool import RequestMemoryPool
 from .metrics import ProxyMetrics
-from .partition_throttles import register_partition_throttle_metrics
+from .partition_throttles import TopicIdResolver, register_partition_throttle_metrics
 from .quota_admin import QuotaAdminService
 from .tls import TlsContexts, describe_handshake_error, describe_upstream_error, start_server_tls
 from .upstream_health import UpstreamHealth, describe_error
@@ -616,6 +617,13 @@ class ProxyServer:
         #: TLS contexts for either side, kept current as their files rotate; None: plaintext both sides
         self.tls = (TlsContexts(settings.tls, settings.upstream_tls)
                     if settings.tls is not None or settings.upstream_tls is not None else None)
+        self.topic_ids = TopicIdResolver(settings.upstream, self._upstream_tls, self.partition_throttles,
+                                         self.topic_names)
+
+    def _upstream_tls(self) -> ssl.SSLContext | None:
+        """The TLS context for the proxy's own connections to brokers (None: plaintext)."""
+        upstream = self.tls.upstream if self.tls is not None else None
+        return upstream.current if upstream is not None else None
 
     # -- addresses ------------------------------------------------------------------------------
 

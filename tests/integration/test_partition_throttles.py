@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import LocalKafka
 
-from .clients import PARTITIONS
+from .clients import PARTITIONS, wait_until
 from .proxies import QuotaProxy
 from .quota_runs import RunResult, report
 from .test_quotas import _topic
@@ -132,3 +133,28 @@ def test_throttled_and_unthrottled_topics_in_one_consumer(throttle_proxy: QuotaP
     assert withheld > 0
     assert SLOW_RECORDS * VALUE_SIZE <= let_through <= 1.2 * SLOW_RECORDS * VALUE_SIZE
     assert metrics.get(("kthrottle_partition_throttle_limit_bytes_per_second", labels)) == THROTTLE_RATE
+
+
+def test_throttled_topic_ids_are_read_from_the_cluster(kafka_cluster: LocalKafka,
+                                                       tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A throttle on a topic no client has asked about through the proxy knows the topic's id within
+    a few seconds (the proxy asks the cluster itself), so Fetch v13+ consumers already running are
+    held to it without waiting for their next metadata refresh; a topic the cluster does not have
+    stays unknown, and asking about it does not create it."""
+    topic = _topic(kafka_cluster.bootstrap, "pt-ids")  # straight to the brokers: the proxy never saw it
+    missing = f"{topic}-absent"
+    with QuotaProxy(kafka_cluster.bootstrap, tmp_path_factory.mktemp("partition-throttle-ids")) as proxy:
+        proxy.set_quotas("\n".join(f'[[partition_throttle]]\ntopic = "{name}"\npartitions = "*"\n'
+                                   f"byte_rate = {THROTTLE_RATE}\n" for name in (topic, missing)))
+
+        def flags() -> dict[str, float]:
+            return {dict(labels)["topic"]: value for (name, labels), value in proxy.metrics().items()
+                    if name == "kthrottle_partition_throttle_topic_id_unknown"}
+
+        wait_until(lambda: flags().get(topic) == 0.0, 20, f"the id of {topic} learned from the cluster")
+        assert flags()[missing] == 1.0
+        time.sleep(6)  # another lookup for the missing topic has run
+        assert flags()[missing] == 1.0
+        metadata = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap}).list_topics(timeout=10)
+        assert topic in metadata.topics and missing not in metadata.topics
+        assert "Traceback" not in proxy.log()
