@@ -28,6 +28,7 @@ from typing import Any
 
 from config.settings import SettingsError
 from config.tls import ListenerTls, UpstreamTls, read_ca, read_certificate_pair
+from protocol.tls_identity import principal_from_certificate
 
 log = logging.getLogger("kthrottle.tls")
 
@@ -228,6 +229,34 @@ _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_P
 #: OpenSSL's reasons for a client whose TLS versions are all below the listener's minimum.
 _VERSION_REASONS = frozenset({"UNSUPPORTED_PROTOCOL", "NO_PROTOCOLS_AVAILABLE",
                               "TLSV1_ALERT_PROTOCOL_VERSION"})
+
+
+class CertificateRefused(Exception):
+    """A verified client certificate that gives no principal: `kind` labels the close metric."""
+
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+
+def client_certificate_principal(transport: asyncio.BaseTransport, listener: ListenerTls) -> str | None:
+    """The principal a client's TLS certificate maps to by `tls.principal_mapping_rules`, as a broker
+    maps it; None when it presented none or the listener does not ask for one (client_auth none).
+
+    Only a verified certificate gets here: OpenSSL fails the handshake on a presented certificate
+    that does not verify. Raises CertificateRefused when no rule maps its subject.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if certificate is None or listener.client_auth == "none":
+        return None
+    principal = principal_from_certificate(certificate, listener.principal_mapper)
+    if principal is None:
+        raise CertificateRefused("its certificate's subject matches no rule of tls.principal_mapping_rules "
+                                 f"({listener.principal_mapping_rules!r}), so it has no principal",
+                                 "tls_no_principal")
+    return principal
 
 
 def describe_handshake_error(exc: BaseException, timeout_ms: int) -> tuple[str, str]:
