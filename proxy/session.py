@@ -90,6 +90,7 @@ class ClientSession(asyncio.Protocol):
                                     name=f"conn-{self.id}", policy=server.engine,
                                     throttle_mode=server.settings.throttle_mode,  # type: ignore[arg-type]
                                     observer=server.metrics.exchange,
+                                    known_brokers=lambda: server.directory.addresses,
                                     partition_throttles=server.partition_throttles,
                                     topic_names=server.topic_names)
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
