@@ -56,6 +56,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.metadata_load
 	$(PY) -m bench.fleet
 	$(PY) -m bench.tls
+	$(PY) -m bench.fetch_stream
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
