@@ -143,7 +143,8 @@ def test_once_shows_both_tenants_by_rate_the_throttled_one_marked(
         two_proxies: tuple[QuotaProxy, QuotaProxy], traffic: None) -> None:
     a, b = two_proxies
     dead = _dead_endpoint()
-    done = subprocess.run(_top_command(a, b, dead, "--once", "--width", "200"), cwd=REPO,
+    # counters over 5 s: the heavy tenant is throttled about once a second, so some fall in them
+    done = subprocess.run(_top_command(a, b, dead, "--once", "--interval", "5", "--width", "200"), cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     lines = done.stdout.splitlines()
     print(done.stdout)
