@@ -27,6 +27,7 @@ from .top_view import (
     ESCAPE,
     SORT_KEYS,
     Line,
+    ProxyRow,
     Scrape,
     View,
     ViewState,
@@ -128,7 +129,11 @@ class _Refresher(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             started = time.monotonic()
-            view = self.scraper.refresh()
+            try:
+                view = self.scraper.refresh()
+            except Exception as exc:  # a bug must show on the screen, not freeze it
+                view = View([], [ProxyRow("kthrottle top", error=f"internal error: {exc!r}")],
+                            ProxyRow("total"))
             with self._lock:
                 self._view = view
             self.fresh.set()

@@ -184,17 +184,13 @@ class TenantRow:
 
     @property
     def usage(self) -> float | None:
-        """The share of its most used quota (what decides whether it is throttled next)."""
+        """The share of its most used quota: the one that throttles it first."""
         shares = [s for s in (self.share(q) for q in self.limits) if s is not None]
         return max(shares) if shares else None
 
     @property
     def throttled(self) -> bool:
         return bool(self.throttle_rate) or bool(self.throttles_rate)
-
-    @property
-    def name(self) -> str:
-        return f"{self.user}\0{self.client_id}"
 
 
 @dataclass
@@ -421,11 +417,12 @@ class Column:
     priority: int  # the largest is dropped first when the terminal is too narrow
     cell: Callable[[TenantRow], str]
     left: bool = False
+    quota: bool = False  # about quotas: hidden while no tenant shown has that quota ("-" in every cell)
 
 
 BAR_WIDTH = 10
-#: A name column is never narrower than this while other columns can still be dropped.
-MIN_NAME_WIDTH = 6
+#: A name column is not cut below this while other columns can still be dropped.
+MIN_NAME_WIDTH = 12
 #: Nor wider than this (long client ids are cut with '~').
 MAX_NAME_WIDTH = 24
 P, F, R = QuotaType.PRODUCE.value, QuotaType.FETCH.value, QuotaType.REQUEST.value
@@ -438,23 +435,24 @@ def _limit_bytes(row: TenantRow, quota: str) -> str:
 
 COLUMNS: tuple[Column, ...] = (
     Column("PRODUCE/s", 9, 1, lambda r: human_bytes(r.produce)),
-    Column("P-QUOTA", 9, 6, lambda r: _limit_bytes(r, P)),
-    Column("P%", 5, 3, lambda r: _percent(r.share(P))),
-    Column("FETCH/s", 9, 1, lambda r: human_bytes(r.fetch)),
-    Column("F-QUOTA", 9, 6, lambda r: _limit_bytes(r, F)),
-    Column("F%", 5, 3, lambda r: _percent(r.share(F))),
+    Column("P-QUOTA", 9, 6, lambda r: _limit_bytes(r, P), quota=True),
+    Column("P%", 5, 3, lambda r: _percent(r.share(P)), quota=True),
+    Column("FETCH/s", 9, 2, lambda r: human_bytes(r.fetch)),
+    Column("F-QUOTA", 9, 6, lambda r: _limit_bytes(r, F), quota=True),
+    Column("F%", 5, 3, lambda r: _percent(r.share(F)), quota=True),
     Column("REQ%", 6, 5, lambda r: f"{r.request:.1f}"),
-    Column("USE", 5, 2, lambda r: _percent(r.usage)),
-    Column("QUOTA-USE", BAR_WIDTH, 4, lambda r: bar(r.usage, BAR_WIDTH), left=True),
+    Column("USE", 5, 2, lambda r: _percent(r.usage), quota=True),
+    Column("QUOTA-USE", BAR_WIDTH, 4, lambda r: bar(r.usage, BAR_WIDTH), left=True, quota=True),
     Column("THROTTLE", 8, 1, lambda r: _throttle_text(r.throttle_rate)),
-    Column("THR/s", 6, 2, lambda r: _optional(r.throttles_rate)),
+    Column("THR/s", 6, 3, lambda r: _optional(r.throttles_rate)),
 )
 PROXIES_COLUMN = Column("PROXIES", 7, 7, lambda r: str(r.proxies))
 
 
 def _layout(rows: Sequence[TenantRow], width: int, fleet: bool) -> tuple[int, int, list[Column]]:
     """User and client-id widths and the columns that fit `width` (least important dropped first)."""
-    columns = [*COLUMNS, PROXIES_COLUMN] if fleet else list(COLUMNS)
+    columns = [c for c in ([*COLUMNS, PROXIES_COLUMN] if fleet else COLUMNS)
+               if not (c.quota and rows and all(c.cell(r) == "-" for r in rows))]
     need_user = max([len("USER"), *(len(_shown(r.user)) for r in rows)])
     need_client = max([len("CLIENT-ID"), *(len(_shown(r.client_id)) for r in rows)])
     user_w, client_w = min(need_user, MAX_NAME_WIDTH), min(need_client, MAX_NAME_WIDTH)
@@ -464,7 +462,7 @@ def _layout(rows: Sequence[TenantRow], width: int, fleet: bool) -> tuple[int, in
 
     least_names = min(user_w, MIN_NAME_WIDTH) + min(client_w, MIN_NAME_WIDTH) + 1
     while columns and fixed(columns) + least_names > width:
-        columns.remove(max(columns, key=lambda c: c.priority))
+        columns.remove(max(reversed(columns), key=lambda c: c.priority))  # ties: the rightmost
     room = width - fixed(columns) - 1
     if user_w + client_w > room:  # share the room, giving the longer name what the shorter leaves
         user_w = max(min(user_w, room // 2), room - client_w, 1)
@@ -521,8 +519,8 @@ def _proxy_text(row: ProxyRow) -> str:
     return text
 
 
-HELP = ("b bytes  p produce  f fetch  r request  u quota use  t throttle  n name (again: reverse)  "
-        "/ filter  Esc clear  q quit")
+HELP = ("q quit  / filter (Esc clears)  sort: b bytes  p produce  f fetch  r request  u quota use  "
+        "t throttle  n name (again: reverse)")
 
 
 def render(view: View, state: ViewState, width: int, height: int | None, clock: str = "") -> list[Line]:

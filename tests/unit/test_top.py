@@ -314,14 +314,15 @@ def test_a_wide_screen() -> None:
     text = [line.text for line in lines]
     assert text[0] == "kthrottle top  1 proxy  2 tenants  sort: bytes desc  16:26:03"
     assert text[1].startswith("total  in ")
-    assert text[2].split() == ["USER", "CLIENT-ID", "PRODUCE/s", "P-QUOTA", "P%", "FETCH/s", "F-QUOTA", "F%",
-                               "REQ%", "USE", "QUOTA-USE", "THROTTLE", "THR/s"]
-    assert text[3].split() == ["!", "*", "ingest-b", "1.41MiB", "977KiB", "148%", "0B", "-", "-", "0.0",
-                               "148%", "##########", "725ms/s", "0.0"]
-    assert text[4].split() == ["*", "ingest-a", "94.4KiB", "9.54MiB", "1%", "0B", "-", "-", "0.0", "1%",
+    # no tenant has a fetch quota: its two columns are left out
+    assert text[2].split() == ["USER", "CLIENT-ID", "PRODUCE/s", "P-QUOTA", "P%", "FETCH/s", "REQ%", "USE",
+                               "QUOTA-USE", "THROTTLE", "THR/s"]
+    assert text[3].split() == ["!", "*", "ingest-b", "1.41MiB", "977KiB", "148%", "0B", "0.0", "148%",
+                               "##########", "725ms/s", "0.0"]
+    assert text[4].split() == ["*", "ingest-a", "94.4KiB", "9.54MiB", "1%", "0B", "0.0", "1%",
                                "#---------", "0ms/s", "0.0"]
     assert lines[3].style == "throttled" and lines[4].style == "normal"
-    assert len(lines) == 12 and lines[-1].text.startswith("b bytes"), "help on the last line"
+    assert len(lines) == 12 and lines[-1].text.startswith("q quit"), "help on the last line"
 
 
 def test_a_narrow_screen_drops_the_least_useful_columns_first() -> None:
@@ -363,7 +364,7 @@ def test_once_prints_every_tenant_and_no_help() -> None:
     rows = [_row(f"user{i:02}", "c", produce=i) for i in range(50)]
     text = [line.text for line in render(View(rows, [], _view().total), ViewState(), 100, None)]
     assert len(text) == 3 + 50 and text[3].split()[0] == "user49"
-    assert not any(t.startswith("b bytes") for t in text)
+    assert not any(t.startswith("q quit") for t in text)
 
 
 def test_filtered_to_nothing_says_so() -> None:
@@ -377,3 +378,19 @@ def test_numbers() -> None:
         ["0B", "1023B", "1.00KiB", "10.0KiB", "977KiB", "1024MiB"]
     assert bar(None, 10) == "-" and bar(0.0, 4) == "----" and bar(0.001, 4) == "#---"
     assert bar(0.5, 10) == "#####-----" and bar(2.5, 10) == "#" * 10 and bar(1.0, 0) == ""
+
+
+def test_quota_columns_show_once_a_tenant_has_that_quota() -> None:
+    fetching = _row("dave", "etl", fetch=500.0)
+    fetching.limits[F] = 1000.0
+    view = View([fetching, *ROWS], [], _view().total)
+    header = render(view, ViewState(), 200, 10)[2].text.split()
+    assert {"F-QUOTA", "F%", "P-QUOTA", "P%"} <= set(header)
+    line = next(line.text for line in render(view, ViewState(), 200, 10) if " dave " in line.text)
+    assert dict(zip(header, line.split(), strict=True))["F%"] == "50%"
+
+
+def test_at_40_columns_rates_and_throttle_time_stay() -> None:
+    text = [line.text for line in render(_view(), ViewState(), 40, 10)]
+    assert text[2].split() == ["USER", "CLIENT-ID", "PRODUCE/s", "THROTTLE"]
+    assert text[3].split() == ["!", "*", "ingest-b", "1.41MiB", "725ms/s"]
