@@ -155,6 +155,11 @@ class FetchTailReader:
     def feed(self, data: bytes | memoryview) -> bytes | memoryview:
         """The part of `data` (the next bytes of the response) that may go to the client now."""
         end = len(data)
+        if end <= self._skip and end < self._left:  # inside one partition's records: most chunks
+            self._skip -= end
+            self._base += end
+            self._left -= end
+            return data
         if end > self._left:
             raise MalformedBody(f"Fetch response of {self.size} bytes fed {end - self._left} bytes too many")
         self._left -= end
@@ -468,6 +473,8 @@ class FetchStream:
 
     def feed(self, data: bytes) -> list[bytes]:
         head = self._reader.feed(data)
+        if head is data and self._reader.left:  # all of it goes on now: most chunks
+            return [data]
         chunks = [bytes(head)] if head else []  # bytes of bytes: the same object, no copy
         if self._reader.complete:
             tail, self.discovered = rewrite_tail(self._reader.tail, self._advertise, self.slack)
