@@ -17,6 +17,7 @@ from quotas.token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 if TYPE_CHECKING:
     from .fleet import FleetSettings
     from .tls import ListenerTls, UpstreamTls
+    from .usage import UsageSettings
 
 
 class SettingsError(ValueError):
@@ -117,6 +118,8 @@ class ProxySettings:
     tls: ListenerTls | None = None
     #: The `[upstream_tls]` table: TLS on every broker connection; None: plaintext to the brokers.
     upstream_tls: UpstreamTls | None = None
+    #: The `[usage]` table (config/usage.py): usage events written to the cluster; None: none written.
+    usage: UsageSettings | None = None
 
     @property
     def node_base(self) -> int:
@@ -227,5 +230,9 @@ def load_settings(path: Path | None) -> ProxySettings:
             settings.tls = parse_tls_table(data["tls"], path)
         if "upstream_tls" in data:
             settings.upstream_tls = parse_upstream_tls_table(data["upstream_tls"], path)
+    if "usage" in data:
+        from .usage import parse_usage_table
+
+        settings.usage = parse_usage_table(data["usage"])
     settings.check()
     return settings

@@ -75,7 +75,10 @@ class QuotaPolicy(Protocol):
 
     def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
                fetch_bytes: int = 0, request_time_ms: float | None = None,
-               producer_ids: Sequence[int] = ()) -> QuotaVerdict: ...
+               producer_ids: Sequence[int] = (), api_key: int | None = None) -> QuotaVerdict:
+        """`api_key`: the request this charge counts once in the usage events; None for a later
+        charge of a request already counted (a Produce's response)."""
+        ...
 
 
 def charge_produce(policy: QuotaPolicy, principal: str, frame: bytes, header: RequestHeader,
@@ -90,7 +93,7 @@ def charge_produce(policy: QuotaPolicy, principal: str, frame: bytes, header: Re
     if policy.wants_producer_ids(principal):
         producer_ids = produce_producer_ids(frame, header)
     verdict = policy.charge(principal, header.client_id or "", int(now_ms),
-                            produce_bytes=len(frame), producer_ids=producer_ids)
+                            produce_bytes=len(frame), producer_ids=producer_ids, api_key=ApiKey.PRODUCE)
     return verdict.throttle_ms
 
 
@@ -109,7 +112,7 @@ def charge_fetch(policy: QuotaPolicy, principal: str, entry: InFlight, fetch_byt
     """Charge a streamed Fetch response on its first bytes."""
     request_time = max(now_ms - entry.sent_ms - entry.max_wait_ms, 0.0)
     return policy.charge(principal, entry.client_id or "", int(now_ms),
-                         fetch_bytes=fetch_bytes, request_time_ms=request_time)
+                         fetch_bytes=fetch_bytes, request_time_ms=request_time, api_key=ApiKey.FETCH)
 
 
 def charge_mutation(policy: QuotaPolicy, principal: str, request: MutationRequest,
@@ -163,8 +166,10 @@ def charge_response(policy: QuotaPolicy, principal: str, entry: InFlight, frame:
             # A fetch may wait up to max_wait_ms for data; waiting costs a broker no thread time.
             request_time = max(request_time - entry.max_wait_ms, 0.0)
     fetch_bytes = 4 + len(frame) - body_offset if entry.api_key == ApiKey.FETCH else 0
+    # a Produce was counted when it arrived (charge_produce)
+    counted = None if entry.api_key == ApiKey.PRODUCE else entry.api_key
     verdict = policy.charge(principal, entry.client_id or "", int(now_ms),
-                            fetch_bytes=fetch_bytes, request_time_ms=request_time)
+                            fetch_bytes=fetch_bytes, request_time_ms=request_time, api_key=counted)
     mute = verdict.throttle_ms if verdict.throttle_ms > entry.throttle_ms else 0
     throttle = max(verdict.throttle_ms, entry.throttle_ms)
     if throttle <= 0:

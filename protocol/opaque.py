@@ -67,7 +67,7 @@ def charge_opaque_response(policy: QuotaPolicy, principal: str, entry: InFlight,
     if entry.api_key == ApiKey.SHARE_FETCH and offset is not None:
         fetch_bytes = 4 + len(frame) - offset  # measured as a Fetch response is (charging.py)
     verdict = policy.charge(principal, entry.client_id or "", int(now_ms), fetch_bytes=fetch_bytes,
-                            request_time_ms=request_time)
+                            request_time_ms=request_time, api_key=entry.api_key)
     throttle = verdict.throttle_ms
     if throttle <= 0:
         return frame, 0, 0

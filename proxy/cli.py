@@ -162,6 +162,15 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         from .fleet_start import start_fleet
 
         fleet = await start_fleet(settings, server)
+    usage_writer = None
+    if settings.usage is not None:  # counts from here: the listeners are not open yet
+        from .usage_events import UsageEventWriter, proxy_identity
+
+        member = None if fleet is None else (f"{fleet.sender:016x}", fleet.name)
+        identity = proxy_identity(settings, settings.listen, *(member or (None, None)))
+        usage_writer = UsageEventWriter(settings.usage, settings, server.engine, server.metrics.registry,
+                                        server._upstream_tls, identity)
+        usage_writer.start()
     endpoint = None
     if settings.metrics_port:
         from .http_endpoint import HttpEndpoint
@@ -214,6 +223,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     if fleet is not None:
         await fleet.close()
     await server.close()
+    if usage_writer is not None:  # after the listeners: the last interval has every request
+        await usage_writer.close()
     summary.flush(force=True)
 
 

@@ -10,6 +10,10 @@ In a fleet (several proxies, one quota: see fleet.py), `attach_fleet` makes ever
 bucket's own rate plus its peers' latest ones; the proxy's exchange reads `local_usage` and
 `take_new_producer_ids` for its reports and feeds what peers report into the PeerUsage and
 `learn_producer_ids`. Without a fleet none of that costs anything.
+
+With usage events on (`usage`: quotas/usage.py), every charge is also counted per (user,
+client-id), with or without a quota, and every throttle under the quota key that decided it.
+Without them that costs one attribute test per charge.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, Pro
 from .rate import DEFAULT_WINDOW, WindowConfig
 from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 from .types import QuotaType
+from .usage import UsageAccount
 
 #: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
 QuotaTable = dict[QuotaEntity, dict[QuotaType, float]]
@@ -106,6 +111,8 @@ class QuotaEngine:
         self.fleet: PeerUsage | None = None
         #: producer ids first seen here since the last `take_new_producer_ids` (with a fleet only)
         self._new_producer_ids: list[tuple[str, int]] = []
+        #: the usage events' sums (None: usage events off, the default); set by the I/O layer
+        self.usage: UsageAccount | None = None
 
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history."""
@@ -122,7 +129,11 @@ class QuotaEngine:
     # -- what the proxy asks before forwarding ----------------------------------------------------
 
     def wants_producer_ids(self, user: str) -> bool:
-        """Whether Produce requests of `user` must be opened to read their producer ids."""
+        """Whether Produce requests of `user` must be opened to read their producer ids.
+
+        Only where a producer_ids_rate quota applies, usage events or not: the seen-before test
+        costs tens of microseconds per request, so the events count new producer ids only there.
+        """
         if not self.table:
             return False
         return self.managers[QuotaType.PRODUCER_IDS].resolve(user, "") is not None
@@ -157,11 +168,19 @@ class QuotaEngine:
 
     def charge(self, user: str, client_id: str, now_ms: int, *, produce_bytes: int = 0,
                fetch_bytes: int = 0, request_time_ms: float | None = None,
-               producer_ids: Sequence[int] = ()) -> Verdict:
-        """Record one request's usage on every quota that applies; return the throttle."""
+               producer_ids: Sequence[int] = (), api_key: int | None = None) -> Verdict:
+        """Record one request's usage on every quota that applies; return the throttle.
+
+        `api_key` is the API of the request this charge counts in the usage events (None when the
+        request was counted by an earlier charge, as a Produce's response after its arrival).
+        """
+        usage = self.usage
         if not self.table:
+            if usage is not None:
+                usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms)
             return NO_THROTTLE
         managers = self.managers
+        new = 0
         # The worst violated quota so far (a tie goes to the request quota), and the fetch
         # recording to take back if anything throttles.
         worst: Charge | None = None
@@ -192,9 +211,13 @@ class QuotaEngine:
             charge = managers[QuotaType.REQUEST].record(user, client_id, request_time_ms / 10.0, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms >= worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.REQUEST
+        if usage is not None:
+            usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms, new)
         if worst is None or worst_type is None:
             return NO_THROTTLE
         managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
+        if usage is not None:
+            usage.throttled(user, client_id, worst_type, worst.throttle_ms)
         deliver = False
         if fetch_charge is not None:
             # Kafka answers a throttled fetch without records and takes its bytes back, yet its
@@ -207,6 +230,8 @@ class QuotaEngine:
             deliver = self.config.quota_shape == SMOOTH and not fetch_charge.in_debt
             if not deliver:
                 managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
+                if usage is not None:
+                    usage.unrecord_fetch(user, client_id, fetch_bytes)
         return Verdict(worst.throttle_ms, worst_type, deliver)
 
     # -- controller mutations (KIP-599) --------------------------------------------------------
@@ -218,7 +243,21 @@ class QuotaEngine:
     def charge_mutations(self, user: str, client_id: str, costs: Sequence[int], strict: bool,
                          now_ms: int) -> MutationVerdict:
         """Charge one mutation request's topics (partitions each, in order); see controller_mutation.py."""
-        return self.controller_mutation.charge_topics(user, client_id, costs, strict, now_ms)
+        verdict = self.controller_mutation.charge_topics(user, client_id, costs, strict, now_ms)
+        if verdict.throttle_ms > 0 and self.usage is not None:
+            self.usage.throttled(user, client_id, QuotaType.CONTROLLER_MUTATION, verdict.throttle_ms)
+        return verdict
+
+    def quotas_for(self, user: str, client_id: str) -> dict[QuotaType, float]:
+        """The quota values in force for (user, client_id), resolved as every charge resolves them."""
+        if not self.table:
+            return {}
+        found: dict[QuotaType, float] = {}
+        for quota_type, manager in self.all_managers().items():
+            resolved = manager.resolve(user, "" if quota_type.user_only else client_id)
+            if resolved is not None:
+                found[quota_type] = resolved[1]
+        return found
 
     def settle_mutations(self, user: str, client_id: str, partitions: int, now_ms: int) -> None:
         """Correct a mutation charge by what the broker's answer says was really done."""
