@@ -236,12 +236,9 @@ class _Sender:
     def _run(self) -> None:
         try:
             while True:
-                with self._cond:
-                    while not self._pending and not self._stopping:
-                        self._cond.wait()
-                    if not self._pending or self._left_s() <= 0.0:
+                if self._producer is None:  # at once, not at the first event: a bad setting shows early
+                    if self._stopping and not self._pending:
                         break
-                if self._producer is None:
                     self._producer = self._connect()
                     if self._producer is None:
                         if self._stopping:
@@ -249,6 +246,10 @@ class _Sender:
                         self._wait(RECONNECT_BACKOFF_S)
                         continue
                 with self._cond:
+                    while not self._pending and not self._stopping:
+                        self._cond.wait()
+                    if not self._pending or self._left_s() <= 0.0:
+                        break
                     batch = self._pending.popleft()
                     self._queued_bytes -= batch.size
                     self._queued_events -= len(batch.records)

@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from harness.local_kafka import LocalKafka
+from harness.local_kafka import SASL_USERS, LocalKafka
 
 from .clients import topic_name, wait_until
 from .proxies import QuotaProxy
@@ -36,10 +36,10 @@ def _create(bootstrap: str, topic: str) -> None:
                f"{topic} in metadata")
 
 
-def _produce(bootstrap: str, client_id: str, topic: str, count: int) -> float:
+def _produce(bootstrap: str, client_id: str, topic: str, count: int, **config: object) -> float:
     """`count` records with acks=all through the proxy, every one delivered; seconds it took."""
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
-                         "linger.ms": 5, "batch.size": 4000})
+                         "linger.ms": 5, "batch.size": 4000, **config})
     failures: list[str] = []
 
     def delivered(err: object, _msg: object) -> None:
@@ -192,3 +192,43 @@ def test_an_unreachable_cluster_drops_events_and_traffic_goes_on(kafka_cluster: 
         proxy.stop()
         relay.close()
     assert proxy.process.returncode == 0, proxy.log()[-3000:]
+
+
+def test_sasl_users_over_a_tls_cluster(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """In front of the SASL_SSL listener: the writer logs in with [usage]'s SCRAM credentials over
+    [upstream_tls]; the clients' SASL users are the events' users, with exact sums per user."""
+    assert kafka_cluster.sasl_ssl_bootstrap and kafka_cluster.certificates is not None
+    usage_topic = topic_name("usage-sasl")
+    data_topic = topic_name("usage-sasl-data")
+    _create(kafka_cluster.bootstrap, data_topic)
+    settings = (f"\n[upstream_tls]\nca = \"{kafka_cluster.certificates.ca}\"\n\n"
+                f"[usage]\ninterval_ms = 1000\ntopic = \"{usage_topic}\"\n"
+                "sasl_mechanism = \"SCRAM-SHA-512\"\n"
+                f"sasl_username = \"admin\"\nsasl_password = \"{SASL_USERS['admin']}\"\n\n"
+                f"[[quota]]\nuser = \"bob\"\nproducer_byte_rate = {SLOW_QUOTA}\n")
+    proxy = QuotaProxy(kafka_cluster.sasl_ssl_bootstrap, tmp_path, "quota_window_num = 3\n" + settings)
+    charged: dict[str, float] = {}
+    try:
+        proxy.wait_for_log("usage events: writing to topic", timeout=60)
+        for user, count in (("alice", 120), ("bob", 100)):
+            start = proxy.metrics()
+            _produce(proxy.bootstrap, f"{user}-app", data_topic, count, **{
+                "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
+                "sasl.password": SASL_USERS[user]})
+            end = proxy.metrics()
+            charged[user] = (_counter(end, "kthrottle_request_bytes_total", api="Produce")
+                             - _counter(start, "kthrottle_request_bytes_total", api="Produce"))
+        bob_throttles = _counter(proxy.metrics(), "kthrottle_throttles_total", quota="producer_byte_rate",
+                                 user="bob", client_id="")
+        assert bob_throttles > 0, "bob was never throttled: the test would prove nothing"
+    finally:
+        proxy.stop()
+    assert proxy.process.returncode == 0, proxy.log()[-3000:]
+    events = [event for _, event in _read_events(kafka_cluster.bootstrap, usage_topic)]
+    for user in ("alice", "bob"):
+        mine = [e for e in events if e["user"] == user]
+        assert {e["client_id"] for e in mine} == {f"{user}-app"}
+        assert sum(e["produce_bytes"] for e in mine) == charged[user], user
+    bob = [e for e in events if e["user"] == "bob"]
+    assert sum(e["throttles"].get("producer_byte_rate", {}).get("count", 0) for e in bob) == bob_throttles
+    assert all(e["quotas"] == {"producer_byte_rate": float(SLOW_QUOTA)} for e in bob)
