@@ -11,10 +11,13 @@ groups, client telemetry and whatever a newer broker adds, as it would on the br
 
 from __future__ import annotations
 
-from .apis import KNOWN_APIS, ApiKey, ApiSpec
+from collections.abc import Collection
+
+from .apis import KNOWN_APIS, ApiKey, ApiSpec, api_name
 from .client_quotas import QUOTA_ADMIN_APIS
+from .errors import UnsupportedVersion
 from .fetch_stream import FETCH_STREAM_VERSIONS
-from .headers import encode_response_header
+from .headers import RequestHeader, encode_response_header
 from .node_endpoints import READABLE_VERSIONS
 from .skim import decode_strict
 
@@ -80,6 +83,32 @@ def clamp_api_versions(body: bytes, api_version: int) -> tuple[bytes, int]:
     message.api_keys = kept
     dropped = len(original - {int(entry.api_key) for entry in kept})
     return bytes(message.encode()), dropped  # decoded messages keep their version
+
+
+def check_request_version(header: RequestHeader, decoded: Collection[int]) -> bytes | None:
+    """Refuse a request version the proxy cannot handle, as its ApiVersions answer promised.
+
+    An ApiVersions request newer than the schemas gets the answer a broker gives (returned, to
+    be sent by the proxy): UNSUPPORTED_VERSION with the proxy's range, so the client retries
+    older. Raises UnsupportedVersion for an API in `decoded` above its schemas, and for one whose
+    response names broker addresses in a layout the proxy cannot read at that version.
+    """
+    spec = KNOWN_APIS.get(header.api_key)
+    if spec is not None and header.api_version > spec.max_version:
+        if header.api_key == ApiKey.API_VERSIONS:
+            return unsupported_version_response(header.correlation_id)
+        if header.api_key in decoded:
+            raise UnsupportedVersion(
+                f"{spec.name} v{header.api_version} is above v{spec.max_version}, the newest "
+                "the proxy can decode (the client ignored the ApiVersions answer)")
+    readable = READABLE_VERSIONS.get(header.api_key)
+    if readable is not None and not readable[0] <= header.api_version <= readable[1]:
+        # Its response names broker addresses where only a known layout can find them.
+        raise UnsupportedVersion(
+            f"{api_name(header.api_key)} v{header.api_version} is outside v{readable[0]} to "
+            f"v{readable[1]}, the versions whose broker addresses the proxy can rewrite "
+            "(the client ignored the ApiVersions answer)")
+    return None
 
 
 def unsupported_version_response(correlation_id: int) -> bytes:

@@ -29,8 +29,8 @@ from .actions import (
     ToBroker,
     ToClient,
 )
-from .addresses import Address, Advertise, needs_rewrite
-from .api_versions import unsupported_version_response
+from .addresses import Address, Advertise
+from .api_versions import check_request_version
 from .apis import KNOWN_APIS, ApiKey, api_name
 from .charging import (
     REQUEST_QUOTA_EXEMPT,
@@ -44,9 +44,8 @@ from .charging import (
 )
 from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
 from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
-from .errors import ProtocolError, UnsupportedVersion
+from .errors import ProtocolError
 from .fetch_partitions import PartitionThrottlePolicy, throttle_fetch
-from .fetch_stream import FetchStream, node_endpoints_slack
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
 from .headers import (
     REQUEST_API_BYTES,
@@ -56,8 +55,8 @@ from .headers import (
 )
 from .in_flight import InFlight, take_local_responses
 from .in_flight import size_prefix as _size
-from .node_endpoints import READABLE_VERSIONS
 from .opaque import charge_opaque_response, share_fetch_max_wait_ms
+from .passthrough import Passthrough
 from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
@@ -111,13 +110,10 @@ class ProxyConnection:
         self._in_flight: deque[InFlight] = deque()
         self._sasl = SaslTracking()
         self._closed: str | None = None
-        #: bytes of the response being streamed that are still to come, and its request
-        self._passthrough = 0
-        self._streaming: InFlight | None = None
-        self._streaming_size = 0
-        #: a streamed Fetch v16+ response's tail reader; the real address of every broker known
-        #: (node id -> address), which bounds how much its NodeEndpoints can grow
-        self._fetch_stream: FetchStream | None = None
+        #: the Fetch response streaming to the client, while the rest of it is still to come
+        self._passthrough: Passthrough | None = None
+        #: the real address of every broker known (node id -> address), which bounds how much a
+        #: streamed Fetch v16+ response's NodeEndpoints can grow
         self._known_brokers = known_brokers
         #: The principal name quotas see: ANONYMOUS until the broker accepts a SASL exchange.
         self.principal: str = ANONYMOUS
@@ -263,7 +259,7 @@ class ProxyConnection:
         entry.local_response = response
         entry.awaiting_answer = False
         actions: list[Action] = []
-        if not self._passthrough:
+        if self._passthrough is None:
             local = take_local_responses(self._in_flight)
             if local:
                 actions.append(ToClient(local))
@@ -280,16 +276,11 @@ class ProxyConnection:
         self._now_ms = now_ms
         try:
             actions: list[Action] = []
-            if self._passthrough:
-                take = min(self._passthrough, len(data))
-                self._passthrough -= take
-                if self._fetch_stream is None:
-                    actions.append(ToClient([data[:take]]))
-                else:
-                    self._feed_stream(data[:take], actions)
-                data = data[take:]
-                if not self._passthrough:
-                    self._end_stream(actions)
+            stream = self._passthrough
+            if stream is not None:
+                data = stream.feed(data, actions)
+                if not stream.remaining:
+                    self._end_stream(stream, actions)
                 if not data:
                     return actions
             actions += self._broker_frames(self._responses.feed(data))
@@ -336,35 +327,14 @@ class ProxyConnection:
             head = throttle_stream_head(entry.api_version, head, throttle)
             actions.append(Throttled(ApiKey.FETCH, throttle))
             self._mute(throttle, actions)
-        self._streaming = entry
-        self._passthrough = size - len(head)
-        self._streaming_size = size
-        if not needs_rewrite(ApiKey.FETCH, entry.api_version):
-            actions.append(ToClient([_size(size), head]))
-            return
-        # NodeEndpoints may follow the records: the size announced now leaves room for them.
         brokers = self._known_brokers() if self._known_brokers is not None else None
-        stream = FetchStream(size, self._advertise, node_endpoints_slack(self._advertise, brokers))
-        self._fetch_stream = stream
-        self._streaming_size = stream.announced_size
-        actions.append(ToClient([_size(stream.announced_size)]))
-        self._feed_stream(head, actions)
+        self._passthrough = Passthrough(entry, size, head, self._advertise, brokers, actions)
 
-    def _feed_stream(self, data: bytes, actions: list[Action]) -> None:
-        """Pass a streamed Fetch v16+ response's bytes on, its tail rewritten once complete."""
-        assert self._fetch_stream is not None
-        chunks = self._fetch_stream.feed(data)
-        if self._fetch_stream.discovered:  # before the tail goes out: the client may connect at once
-            actions.append(BrokersSeen(self._fetch_stream.discovered))
-        if chunks:
-            actions.append(ToClient(chunks))
-
-    def _end_stream(self, actions: list[Action]) -> None:
-        entry = self._streaming
-        self._streaming = None
-        self._fetch_stream = None
-        if entry is not None and self.observer is not None:
-            self.observer(entry.api_key, entry.request_bytes, self._streaming_size,
+    def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
+        self._passthrough = None
+        entry = stream.entry
+        if self.observer is not None:
+            self.observer(entry.api_key, entry.request_bytes, stream.announced_size,
                           self._now_ms - entry.sent_ms)
         local = take_local_responses(self._in_flight)
         if local:
@@ -395,25 +365,11 @@ class ProxyConnection:
                 self.client_id = header.client_id
             if sasl.in_progress and header.api_key not in SASL_SETUP_APIS:
                 sasl.settle()
-            spec = KNOWN_APIS.get(header.api_key)
             entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id)
-            if spec is not None and header.api_version > spec.max_version:
-                if header.api_key == ApiKey.API_VERSIONS:
-                    entry.local_response = unsupported_version_response(header.correlation_id)
-                    self._queue_local(entry, actions)
-                    continue
-                if header.api_key in DECODED_APIS:
-                    raise UnsupportedVersion(
-                        f"{spec.name} v{header.api_version} is above v{spec.max_version}, the newest "
-                        "the proxy can decode (the client ignored the ApiVersions answer)"
-                    )
-            readable = READABLE_VERSIONS.get(header.api_key)
-            if readable is not None and not readable[0] <= header.api_version <= readable[1]:
-                # Its response names broker addresses where only a known layout can find them.
-                raise UnsupportedVersion(
-                    f"{api_name(header.api_key)} v{header.api_version} is outside v{readable[0]} to "
-                    f"v{readable[1]}, the versions whose broker addresses the proxy can rewrite "
-                    "(the client ignored the ApiVersions answer)")
+            entry.local_response = check_request_version(header, DECODED_APIS)
+            if entry.local_response is not None:  # an ApiVersions newer than the proxy's schemas
+                self._queue_local(entry, actions)
+                continue
             expects_response = True
             entry.sent_ms = self._now_ms
             entry.request_bytes = len(frame)
@@ -487,7 +443,7 @@ class ProxyConnection:
         return actions
 
     def _queue_local(self, entry: InFlight, actions: list[Action]) -> None:
-        if self._in_flight or self._passthrough:  # behind requests, or behind a response mid-stream
+        if self._in_flight or self._passthrough is not None:  # behind requests, or a response mid-stream
             self._in_flight.append(entry)
         else:
             assert entry.local_response is not None
