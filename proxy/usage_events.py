@@ -343,7 +343,7 @@ class _Sender:
 
     def _send(self, batch: _Batch) -> _Batch | None:
         """Hand the batch's records to the producer; what could not be handed over, or None."""
-        from kafka.errors import KafkaError
+        from kafka.errors import KafkaError, KafkaTimeoutError
 
         producer = self._producer
         budget = self.usage.buffer_memory
@@ -353,8 +353,14 @@ class _Sender:
                 return self._rest(batch, index)
             try:
                 future = producer.send(self.usage.topic, key=key, value=value)
-            except KafkaError as exc:  # metadata not available within max.block.ms: the cluster is away
+            except KafkaTimeoutError as exc:  # no metadata within max.block.ms: the cluster is away
                 log.warning("usage events: cannot send: %s (retrying)", exc)
+                return self._rest(batch, index)
+            except KafkaError as exc:  # the producer is in a fatal state (authorization, fencing): a new one
+                log.warning("usage events: the producer failed: %s (connecting again)", exc)
+                self._producer = None
+                with contextlib.suppress(Exception):
+                    producer.close(timeout=0)
                 return self._rest(batch, index)
             with self._cond:
                 self._in_flight_bytes += size
