@@ -169,7 +169,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         member = None if fleet is None else (f"{fleet.sender:016x}", fleet.name)
         identity = proxy_identity(settings, settings.listen, *(member or (None, None)))
         usage_writer = UsageEventWriter(settings.usage, settings, server.engine, server.metrics.registry,
-                                        server._upstream_tls, identity)
+                                        server.upstream_tls_context, identity)
         usage_writer.start()
     endpoint = None
     if settings.metrics_port:

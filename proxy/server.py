@@ -100,10 +100,10 @@ class ProxyServer:
         #: TLS contexts for either side, kept current as their files rotate; None: plaintext both sides
         self.tls = (TlsContexts(settings.tls, settings.upstream_tls)
                     if settings.tls is not None or settings.upstream_tls is not None else None)
-        self.topic_ids = TopicIdResolver(settings.upstream, self._upstream_tls, self.partition_throttles,
-                                         self.topic_names)
+        self.topic_ids = TopicIdResolver(settings.upstream, self.upstream_tls_context,
+                                         self.partition_throttles, self.topic_names)
 
-    def _upstream_tls(self) -> ssl.SSLContext | None:
+    def upstream_tls_context(self) -> ssl.SSLContext | None:
         """The TLS context for the proxy's own connections to brokers (None: plaintext)."""
         upstream = self.tls.upstream if self.tls is not None else None
         return upstream.current if upstream is not None else None
