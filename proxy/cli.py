@@ -279,6 +279,12 @@ def _cmd_quotas(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from .top import run as run_top
+
+    return run_top(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kthrottle", description="Kafka-protocol throttling proxy")
     parser.add_argument("--log-level", default="INFO")
@@ -339,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "delete":
             action.add_argument("keys", nargs="*", metavar="KEY")
     quotas.set_defaults(func=_cmd_quotas)
+
+    top = sub.add_parser("top", help="live terminal view of running proxies: tenants by rate against "
+                                     "their quotas, throttle time, muted connections")
+    from .top import add_arguments as add_top_arguments
+
+    add_top_arguments(top)
+    top.set_defaults(func=_cmd_top)
 
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),

@@ -269,3 +269,14 @@ def test_a_tiny_terminal_does_not_break_it(two_proxies: tuple[QuotaProxy, QuotaP
         assert top.process.returncode == 0
     finally:
         top.close()
+
+
+def test_kthrottle_top_command_names_an_unreachable_proxy() -> None:
+    """`kthrottle top` is the CLI's subcommand: with no proxy answering, --once prints the endpoint as
+    unreachable with its error and exits 1 (0 when any proxy answered)."""
+    closed = free_port_block(1, start=47000)
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "top", "--metrics", f"127.0.0.1:{closed}",
+                           "--once", "--interval", "0.2", "--width", "120"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"UNREACHABLE http://127.0.0.1:{closed}/metrics" in done.stdout, done.stdout
