@@ -64,6 +64,11 @@ class FieldError(Exception):
     when they turn it into `MalformedBody`."""
 
 
+def field_error(field: str, offset: int, problem: str = "runs past the end") -> FieldError:
+    """The usual complaint: `field` at `offset` and what is wrong with it."""
+    return FieldError(f"{field} at offset {offset} {problem}")
+
+
 def read_int(frame: bytes, pos: int, width: int, what: str) -> tuple[int, int]:
     end = pos + width
     if end > len(frame):

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import MalformedBody, MalformedHeader
-from .headers import read_uvarint, skip_tagged_fields
+from .broker_array import FieldError, field_error, read_length, skip_tagged
+from .errors import MalformedBody
 from .topic_names import TopicNames
 
 #: The versions this reader knows (kafka-python's FetchResponse range; the proxy offers no other).
@@ -101,7 +101,7 @@ def throttle_fetch(policy: PartitionThrottlePolicy, topic_names: TopicNames, use
     _check_version(api_version, topic_names.name)
     try:
         result, refused, kept = _empty(frame, api_version, decide, topic_names.name)
-    except _FieldError as exc:
+    except FieldError as exc:
         raise MalformedBody(f"Fetch v{api_version} response of {len(frame)} bytes does not parse: "
                             f"{exc}") from None
     if not refused or kept:
@@ -110,39 +110,11 @@ def throttle_fetch(policy: PartitionThrottlePolicy, topic_names: TopicNames, use
     return ThrottledFetch(result, max(hold, 0))
 
 
-class _FieldError(Exception):
-    """A field that does not add up, and where; turned into `MalformedBody` with the frame's facts."""
-
-    def __init__(self, field: str, offset: int, problem: str = "runs past the end") -> None:
-        super().__init__(f"{field} at offset {offset} {problem}")
-
-
-def _length(frame: bytes, pos: int, flexible: bool, width: int, field: str) -> tuple[int, int]:
-    """A length or count: compact (uvarint, 0 is null) or a signed `width`-byte int; null is -1."""
-    if flexible:
-        try:
-            value, end = read_uvarint(frame, pos)
-        except MalformedHeader as exc:
-            raise _FieldError(field, pos, f"is not a varint ({exc})") from None
-        return value - 1, end
-    end = pos + width
-    if end > len(frame):
-        raise _FieldError(field, pos)
-    return int.from_bytes(frame[pos:end], "big", signed=True), end
-
-
-def _tags(frame: bytes, pos: int, field: str) -> int:
-    try:
-        return skip_tagged_fields(frame, pos)
-    except MalformedHeader as exc:
-        raise _FieldError(field, pos, f"does not parse ({exc})") from None
-
-
 def _response_body_offset(frame: bytes, flexible: bool) -> int:
     """After the correlation id, and the header's tagged fields for flexible versions (header v1)."""
     if len(frame) < 4:
-        raise _FieldError("correlation id", 0)
-    return _tags(frame, 4, "response header tagged fields") if flexible else 4
+        raise field_error("correlation id", 0)
+    return skip_tagged(frame, 4, "response header") if flexible else 4
 
 
 def empty_refused_partitions(frame: bytes, api_version: int, decide: PartitionDecision,
@@ -158,7 +130,7 @@ def empty_refused_partitions(frame: bytes, api_version: int, decide: PartitionDe
     _check_version(api_version, topic_name)
     try:
         return _empty(frame, api_version, decide, topic_name)[0]
-    except _FieldError as exc:
+    except FieldError as exc:
         raise MalformedBody(f"Fetch v{api_version} response of {len(frame)} bytes does not parse: "
                             f"{exc}") from None
 
@@ -190,31 +162,31 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision,
     refused: list[tuple[str, int]] = []
     kept = 0
     if pos > size:
-        raise _FieldError("the fields before the topics", pos)
-    topics, pos = _length(frame, pos, flexible, 4, "topics count")
+        raise field_error("the fields before the topics", pos)
+    topics, pos = read_length(frame, pos, flexible, 4, "topics count")
     if topics > size - pos:  # every topic takes more than a byte
-        raise _FieldError("topics count", pos, f"{topics} is more than the bytes left")
+        raise field_error("topics count", pos, f"{topics} is more than the bytes left")
     for _ in range(topics):
         name: str | None
         if by_id:
             end = pos + _UUID
             if end > size:
-                raise _FieldError("topic id", pos)
+                raise field_error("topic id", pos)
             assert topic_name is not None
             name = topic_name(frame[pos:end])
         else:
-            length, start = _length(frame, pos, flexible, 2, "topic name length")
+            length, start = read_length(frame, pos, flexible, 2, "topic name length")
             end = start + length
             if length < 0 or end > size:
-                raise _FieldError("topic name", pos, f"of length {length} does not fit")
+                raise field_error("topic name", pos, f"of length {length} does not fit")
             name = frame[start:end].decode("utf-8", errors="replace")
         pos = end
-        partitions, pos = _length(frame, pos, flexible, 4, "partitions count")
+        partitions, pos = read_length(frame, pos, flexible, 4, "partitions count")
         if partitions > size - pos:
-            raise _FieldError("partitions count", pos, f"{partitions} is more than the bytes left")
+            raise field_error("partitions count", pos, f"{partitions} is more than the bytes left")
         for _ in range(partitions):
             if pos + fixed > size:
-                raise _FieldError("partition", pos)
+                raise field_error("partition", pos)
             index = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
             if frame[pos + 4] or frame[pos + 5]:  # an error code: news the client must get at once
                 kept += 1
@@ -224,40 +196,40 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision,
             aborted_at = pos
             if not flexible:
                 if pos + 4 > size:
-                    raise _FieldError("aborted transactions count", pos)
+                    raise field_error("aborted transactions count", pos)
                 aborted = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
                 pos += 4
             elif pos < size and frame[pos] < 0x80:
                 aborted = frame[pos] - 1
                 pos += 1
             else:
-                aborted, pos = _length(frame, pos, True, 4, "aborted transactions count")
+                aborted, pos = read_length(frame, pos, True, 4, "aborted transactions count")
             if aborted > 0:
                 if flexible:
                     for _ in range(aborted):
-                        pos = _tags(frame, pos + _ABORTED_TRANSACTION, "aborted transaction tagged fields")
+                        pos = skip_tagged(frame, pos + _ABORTED_TRANSACTION, "aborted transaction")
                 else:
                     pos += aborted * _ABORTED_TRANSACTION
                 if pos > size:
-                    raise _FieldError("aborted transactions", pos)
+                    raise field_error("aborted transactions", pos)
             elif aborted < -1:
-                raise _FieldError("aborted transactions count", aborted_at, f"is {aborted}")
+                raise field_error("aborted transactions count", aborted_at, f"is {aborted}")
             pos += replica
             records_at = pos
             if not flexible:
                 if pos + 4 > size:
-                    raise _FieldError("records length", pos)
+                    raise field_error("records length", pos)
                 length = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
                 pos += 4
             elif pos < size and frame[pos] < 0x80:
                 length = frame[pos] - 1
                 pos += 1
             else:
-                length, pos = _length(frame, pos, True, 4, "records length")
+                length, pos = read_length(frame, pos, True, 4, "records length")
             if length > 0:
                 end = pos + length
                 if end > size:
-                    raise _FieldError("records", pos, f"of {length} bytes run past the end")
+                    raise field_error("records", pos, f"of {length} bytes run past the end")
                 if name is not None and not decide(name, index, length):
                     if view is None:
                         view = memoryview(frame)
@@ -269,19 +241,19 @@ def _empty(frame: bytes, version: int, decide: PartitionDecision,
                     kept += 1
                 pos = end
             elif length < -1:
-                raise _FieldError("records length", records_at, f"is {length}")
+                raise field_error("records length", records_at, f"is {length}")
             if flexible:
                 if pos < size and frame[pos] == 0:
                     pos += 1
                 else:  # diverging epoch, current leader, snapshot id: news too
-                    pos = _tags(frame, pos, "partition tagged fields")
+                    pos = skip_tagged(frame, pos, "partition")
                     kept += 1
         if flexible:
-            pos = _tags(frame, pos, "topic tagged fields")
+            pos = skip_tagged(frame, pos, "topic")
     if flexible:
-        pos = _tags(frame, pos, "response tagged fields")  # NodeEndpoints (v16+) among them
+        pos = skip_tagged(frame, pos, "response")  # NodeEndpoints (v16+) among them
     if pos != size:
-        raise _FieldError("the end of the response", pos, f"is followed by {size - pos} more bytes"
+        raise field_error("the end of the response", pos, f"is followed by {size - pos} more bytes"
                           if pos < size else "runs past the end")
     if view is None:
         return frame, refused, kept

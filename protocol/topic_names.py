@@ -19,9 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from .broker_array import METADATA_FIRST_FLEXIBLE, METADATA_FIRST_RACK, metadata_brokers
+from .broker_array import (
+    METADATA_FIRST_FLEXIBLE,
+    METADATA_FIRST_RACK,
+    FieldError,
+    field_error,
+    metadata_brokers,
+    read_length,
+    skip_tagged,
+)
 from .errors import MalformedBody, MalformedHeader
-from .headers import read_uvarint, response_body_offset, skip_tagged_fields
+from .headers import response_body_offset
 
 #: Topic ids remembered; past this the oldest learned is forgotten first. Kafka has no bound of
 #: its own (a broker's metadata cache holds every topic of the cluster). Only throttled topics are
@@ -75,38 +83,13 @@ class TopicNames:
         return len(self._names)
 
 
-class _FieldError(Exception):
-    def __init__(self, field: str, offset: int, problem: str = "runs past the end") -> None:
-        super().__init__(f"{field} at offset {offset} {problem}")
-
-
-def _length(frame: bytes, pos: int, flexible: bool, width: int, field: str) -> tuple[int, int]:
-    if flexible:
-        try:
-            value, end = read_uvarint(frame, pos)
-        except MalformedHeader as exc:
-            raise _FieldError(field, pos, f"is not a varint ({exc})") from None
-        return value - 1, end
-    end = pos + width
-    if end > len(frame):
-        raise _FieldError(field, pos)
-    return int.from_bytes(frame[pos:end], "big", signed=True), end
-
-
-def _tags(frame: bytes, pos: int, field: str) -> int:
-    try:
-        return skip_tagged_fields(frame, pos)
-    except MalformedHeader as exc:
-        raise _FieldError(field, pos, f"does not parse ({exc})") from None
-
-
 def _int32_array(frame: bytes, pos: int, flexible: bool, field: str) -> int:
-    count, pos = _length(frame, pos, flexible, 4, field)
+    count, pos = read_length(frame, pos, flexible, 4, field)
     if count < 0:
-        raise _FieldError(field, pos, f"is {count}")
+        raise field_error(field, pos, f"is {count}")
     pos += 4 * count
     if pos > len(frame):
-        raise _FieldError(field, pos)
+        raise field_error(field, pos)
     return pos
 
 
@@ -117,7 +100,7 @@ def _skip_partition(frame: bytes, pos: int, fixed: int, flexible: bool, offline:
     if offline:
         pos = _int32_array(frame, pos, flexible, "offline replicas")
     if flexible:
-        pos = _tags(frame, pos, "partition tagged fields")
+        pos = skip_tagged(frame, pos, "partition")
     return pos
 
 
@@ -142,7 +125,7 @@ def learn_metadata_topics(names: TopicNames, frame: bytes, api_version: int, wan
     pos = metadata_brokers(frame, start, api_version).end
     try:
         return _learn(names, frame, pos, api_version, flexible, encoded, present)
-    except _FieldError as exc:
+    except FieldError as exc:
         raise MalformedBody(f"Metadata v{api_version} response of {len(frame)} bytes does not parse: "
                             f"{exc}") from None
 
@@ -156,15 +139,15 @@ def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bo
     """
     size = len(frame)
     if version >= METADATA_FIRST_CLUSTER_ID:
-        length, pos = _length(frame, pos, flexible, 2, "cluster id length")
+        length, pos = read_length(frame, pos, flexible, 2, "cluster id length")
         pos += max(length, 0)
     if version >= METADATA_FIRST_RACK:
         pos += 4  # controller id
     if pos > size:
-        raise _FieldError("cluster id and controller id", pos)
-    topics, pos = _length(frame, pos, flexible, 4, "topics count")
+        raise field_error("cluster id and controller id", pos)
+    topics, pos = read_length(frame, pos, flexible, 4, "topics count")
     if topics > size - pos:
-        raise _FieldError("topics count", pos, f"{topics} is more than the bytes left")
+        raise field_error("topics count", pos, f"{topics} is more than the bytes left")
     # Per partition: error code, index, leader id (leader epoch).
     fixed = 14 if version >= METADATA_FIRST_LEADER_EPOCH else 10
     offline = version >= METADATA_FIRST_OFFLINE_REPLICAS
@@ -172,10 +155,10 @@ def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bo
     found: set[bytes] = set()
     learned = 0
     for _ in range(topics):
-        length, start = _length(frame, pos + 2, flexible, 2, "topic name length")  # after error code
+        length, start = read_length(frame, pos + 2, flexible, 2, "topic name length")  # after error code
         end = start + max(length, 0)  # null (v12+) when the request named topics by id
         if length < -1 or end + _UUID + 1 > size:
-            raise _FieldError("topic name and id", pos + 2, f"of name length {length} do not fit")
+            raise field_error("topic name and id", pos + 2, f"of name length {length} do not fit")
         raw = frame[start:end]
         if length >= 0 and raw in wanted:
             topic_id = frame[end : end + _UUID]
@@ -186,9 +169,9 @@ def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bo
             if len(found) == present:
                 return learned
         pos = end + _UUID + 1  # id, is_internal
-        partitions, pos = _length(frame, pos, flexible, 4, "partitions count")
+        partitions, pos = read_length(frame, pos, flexible, 4, "partitions count")
         if partitions > size - pos:
-            raise _FieldError("partitions count", pos, f"{partitions} is more than the bytes left")
+            raise field_error("partitions count", pos, f"{partitions} is more than the bytes left")
         if flexible and offline:
             for _ in range(partitions):
                 # Inline: three compact int32 arrays (count + 1, then 4 bytes each) and an empty
@@ -214,9 +197,9 @@ def _learn(names: TopicNames, frame: bytes, pos: int, version: int, flexible: bo
                 pos = _skip_partition(frame, pos, fixed, flexible, offline)
         pos += operations
         if flexible:
-            pos = _tags(frame, pos, "topic tagged fields")
+            pos = skip_tagged(frame, pos, "topic")
         elif pos > size:
-            raise _FieldError("topic authorized operations", pos)
+            raise field_error("topic authorized operations", pos)
     return learned
 
 
