@@ -20,22 +20,24 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TextIO
 
-from .top_view import (
-    BACKSPACE,
+from .top_figures import (
     DEFAULT_SORT,
-    ENTER,
-    ESCAPE,
     SORT_KEYS,
-    Line,
     ProxyRow,
     Scrape,
     View,
-    ViewState,
     build_view,
     metrics_url,
+    scrape_from_text,
+)
+from .top_view import (
+    BACKSPACE,
+    ENTER,
+    ESCAPE,
+    Line,
+    ViewState,
     press,
     render,
-    scrape_from_text,
 )
 
 if TYPE_CHECKING:

@@ -12,9 +12,7 @@ import socket
 import pytest
 
 from proxy.top import fetch
-from proxy.top_view import (
-    ENTER,
-    ESCAPE,
+from proxy.top_figures import (
     REQUESTS,
     SORT_KEYS,
     ProxyFigures,
@@ -22,17 +20,21 @@ from proxy.top_view import (
     TenantFigures,
     TenantRow,
     View,
-    ViewState,
-    bar,
     build_view,
     filter_rows,
-    human_bytes,
     metrics_url,
     parse_metrics,
-    press,
-    render,
     scrape_from_text,
     sort_rows,
+)
+from proxy.top_view import (
+    ENTER,
+    ESCAPE,
+    ViewState,
+    bar,
+    human_bytes,
+    press,
+    render,
 )
 
 CAPTURED = """\

@@ -1,0 +1,311 @@
+"""`kthrottle top`'s figures: metrics text in, one row per tenant and per proxy out (pure).
+
+Where the figures come from (README "Metrics"): per (user, client-id) and quota type, the proxy's
+own windowed rate gauges (the numbers its throttling decisions use, like a broker's `byte-rate`),
+the quota in force (`kthrottle_quota_limit`) and the throttle counters, which are differentiated
+between two scrapes; per proxy, the connection gauges and the request counters. Sorting and
+filtering the rows is here too; top_view.py lays them out on a screen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from quotas.types import QuotaType
+
+#: The rate gauge of each quota type, as proxy/metrics.py exports them (`quota` label = QuotaType.value).
+RATE_FAMILIES: dict[str, str] = {
+    QuotaType.PRODUCE.value: "kthrottle_produce_byte_rate_bytes_per_second",
+    QuotaType.FETCH.value: "kthrottle_fetch_byte_rate_bytes_per_second",
+    QuotaType.REQUEST.value: "kthrottle_request_time_percent",
+    QuotaType.CONTROLLER_MUTATION.value: "kthrottle_controller_mutation_rate_per_second",
+    QuotaType.PRODUCER_IDS.value: "kthrottle_producer_id_rate_per_second",
+}
+_RATE_SAMPLES = {name: quota for quota, name in RATE_FAMILIES.items()}
+LIMIT = "kthrottle_quota_limit"
+THROTTLE_TIME = "kthrottle_throttle_time_seconds_total"
+THROTTLES = "kthrottle_throttles_total"
+MUTED = "kthrottle_muted_connections"
+CONNECTIONS = "kthrottle_connections"
+UPSTREAM_UP = "kthrottle_upstream_up"
+#: A proxy that exports this is a fleet member: its quotas bound the whole fleet, not itself alone.
+FLEET_MEMBERS = "kthrottle_fleet_members"
+#: The per-proxy counters shown as rates (summed over their `api` label).
+REQUESTS = "kthrottle_requests_total"
+REQUEST_BYTES = "kthrottle_request_bytes_total"
+RESPONSE_BYTES = "kthrottle_response_bytes_total"
+THROTTLED_RESPONSES = "kthrottle_throttled_responses_total"
+_PROXY_COUNTERS = (REQUESTS, REQUEST_BYTES, RESPONSE_BYTES, THROTTLED_RESPONSES)
+
+#: The label proxy/metrics.py gives to entities folded beyond `metrics_max_entities`.
+OTHER = "__other__"
+
+#: (user, client_id) as the proxy labels a quota bucket; "" where the bucket spans that dimension.
+Tenant = tuple[str, str]
+
+
+# -- one scrape --------------------------------------------------------------------------------
+
+
+@dataclass
+class TenantFigures:
+    """One tenant's samples in one proxy's scrape."""
+
+    rates: dict[str, float] = field(default_factory=dict)  # quota type -> rate gauge
+    limits: dict[str, float] = field(default_factory=dict)  # quota type -> quota in force
+    throttle_seconds: float = 0.0  # counter, summed over quota types
+    throttles: float = 0.0  # counter, summed over quota types
+
+
+@dataclass
+class ProxyFigures:
+    """Everything `top` uses from one proxy's metrics text."""
+
+    tenants: dict[Tenant, TenantFigures] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # _PROXY_COUNTERS, summed over labels
+    muted: float = 0.0
+    connections: float = 0.0
+    upstream_up: float | None = None
+    in_fleet: bool = False
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One fetch of one endpoint: its figures, or why there are none. `at` is monotonic seconds."""
+
+    url: str
+    at: float
+    figures: ProxyFigures | None = None
+    error: str | None = None
+
+
+def parse_metrics(text: str) -> ProxyFigures:
+    """The figures in a Prometheus text exposition; ValueError when it is not one."""
+    figures = ProxyFigures()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if math.isnan(value):
+                continue
+            if name in _RATE_SAMPLES or name in (LIMIT, THROTTLE_TIME, THROTTLES):
+                tenant = (labels.get("user", ""), labels.get("client_id", ""))
+                entry = figures.tenants.setdefault(tenant, TenantFigures())
+                if name in _RATE_SAMPLES:
+                    entry.rates[_RATE_SAMPLES[name]] = value
+                elif name == LIMIT:
+                    entry.limits[labels.get("quota", "")] = value
+                elif name == THROTTLE_TIME:
+                    entry.throttle_seconds += value
+                else:
+                    entry.throttles += value
+            elif name in _PROXY_COUNTERS:
+                figures.counters[name] = figures.counters.get(name, 0.0) + value
+            elif name == MUTED:
+                figures.muted = value
+            elif name == CONNECTIONS:
+                figures.connections = value
+            elif name == UPSTREAM_UP:
+                figures.upstream_up = value
+            elif name == FLEET_MEMBERS:
+                figures.in_fleet = True
+    return figures
+
+
+def scrape_from_text(url: str, at: float, text: str) -> Scrape:
+    """A Scrape of fetched text: text that is not Prometheus's is an error shown, not raised."""
+    try:
+        return Scrape(url, at, parse_metrics(text))
+    except ValueError as exc:
+        return Scrape(url, at, error=f"not Prometheus metrics text: {exc}")
+
+
+def metrics_url(text: str) -> str:
+    """`host:port`, `http://host:port` or a full URL; the path defaults to /metrics."""
+    text = text.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urlsplit(text)
+    if not parts.hostname:
+        raise ValueError(f"not a metrics endpoint: {text!r} (expected host:port or http://host:port/metrics)")
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+# -- from scrapes to rows --------------------------------------------------------------------
+
+
+def _counter_rate(current: float, previous: float | None, seconds: float) -> float | None:
+    """Per second between two readings; a counter that went down was reset (a restart) and counts
+    from zero, as Prometheus's rate() does."""
+    if previous is None or seconds <= 0:
+        return None
+    delta = current - previous if current >= previous else current
+    return delta / seconds
+
+
+@dataclass
+class TenantRow:
+    """One tenant over every proxy that answered."""
+
+    user: str
+    client_id: str
+    rates: dict[str, float] = field(default_factory=dict)  # summed over proxies
+    limits: dict[str, float] = field(default_factory=dict)  # the quota in force over those proxies
+    throttle_rate: float | None = None  # throttle seconds decided per second, over the last refresh
+    throttles_rate: float | None = None  # throttles per second, over the last refresh
+    proxies: int = 0  # proxies that have a bucket for this tenant
+
+    @property
+    def produce(self) -> float:
+        return self.rates.get(QuotaType.PRODUCE.value, 0.0)
+
+    @property
+    def fetch(self) -> float:
+        return self.rates.get(QuotaType.FETCH.value, 0.0)
+
+    @property
+    def request(self) -> float:
+        return self.rates.get(QuotaType.REQUEST.value, 0.0)
+
+    def share(self, quota: str) -> float | None:
+        """Rate / quota for one quota type; None without a quota."""
+        limit = self.limits.get(quota)
+        if limit is None or limit <= 0:
+            return None
+        return self.rates.get(quota, 0.0) / limit
+
+    @property
+    def usage(self) -> float | None:
+        """The share of its most used quota: the one that throttles it first."""
+        shares = [s for s in (self.share(q) for q in self.limits) if s is not None]
+        return max(shares) if shares else None
+
+    @property
+    def throttled(self) -> bool:
+        return bool(self.throttle_rate) or bool(self.throttles_rate)
+
+
+@dataclass
+class ProxyRow:
+    """One endpoint's own totals (or the sum of all), or why it could not be read."""
+
+    url: str
+    error: str | None = None
+    connections: float = 0.0
+    muted: float = 0.0
+    upstream_up: float | None = None
+    in_fleet: bool = False
+    rates: dict[str, float | None] = field(default_factory=dict)  # _PROXY_COUNTERS per second
+
+
+@dataclass
+class View:
+    tenants: list[TenantRow]
+    proxies: list[ProxyRow]
+    total: ProxyRow
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> View:
+    """Rows for the screen from this refresh's scrapes and the last good scrape of each endpoint.
+
+    Rates of a fleet are summed over its proxies. A quota is summed too, since each lone proxy
+    grants it in full, except among fleet members, which enforce one quota between them (their
+    largest is taken).
+    """
+    proxies: list[ProxyRow] = []
+    tenants: dict[Tenant, TenantRow] = {}
+    fleet_limits: dict[Tenant, dict[str, float]] = {}
+    throttle_rates: dict[Tenant, list[float | None]] = {}
+    throttles_rates: dict[Tenant, list[float | None]] = {}
+    for scrape in current:
+        figures = scrape.figures
+        if figures is None:
+            proxies.append(ProxyRow(scrape.url, error=scrape.error or "no answer"))
+            continue
+        before = previous.get(scrape.url)
+        old = before.figures if before is not None else None
+        seconds = scrape.at - before.at if before is not None else 0.0
+        proxies.append(ProxyRow(
+            scrape.url, connections=figures.connections, muted=figures.muted,
+            upstream_up=figures.upstream_up, in_fleet=figures.in_fleet,
+            rates={name: _counter_rate(figures.counters.get(name, 0.0),
+                                       None if old is None else old.counters.get(name, 0.0), seconds)
+                   for name in _PROXY_COUNTERS}))
+        for tenant, entry in figures.tenants.items():
+            row = tenants.setdefault(tenant, TenantRow(*tenant))
+            row.proxies += 1
+            for quota, rate in entry.rates.items():
+                row.rates[quota] = row.rates.get(quota, 0.0) + rate
+            for quota, limit in entry.limits.items():
+                if figures.in_fleet:
+                    merged = fleet_limits.setdefault(tenant, {})
+                    merged[quota] = max(merged.get(quota, 0.0), limit)
+                else:
+                    row.limits[quota] = row.limits.get(quota, 0.0) + limit
+            # a bucket the last scrape did not have started from zero since
+            prior = None if old is None else old.tenants.get(tenant, TenantFigures())
+            throttle_rates.setdefault(tenant, []).append(_counter_rate(
+                entry.throttle_seconds, None if prior is None else prior.throttle_seconds, seconds))
+            throttles_rates.setdefault(tenant, []).append(_counter_rate(
+                entry.throttles, None if prior is None else prior.throttles, seconds))
+    for tenant, row in tenants.items():
+        for quota, limit in fleet_limits.get(tenant, {}).items():
+            row.limits[quota] = row.limits.get(quota, 0.0) + limit
+        row.throttle_rate = _sum_known(throttle_rates.get(tenant, ()))
+        row.throttles_rate = _sum_known(throttles_rates.get(tenant, ()))
+    answered = [p for p in proxies if p.error is None]
+    total = ProxyRow(
+        "total", connections=sum(p.connections for p in answered), muted=sum(p.muted for p in answered),
+        rates={name: _sum_known(p.rates.get(name) for p in answered) for name in _PROXY_COUNTERS})
+    return View(list(tenants.values()), proxies, total)
+
+
+# -- sorting and filtering -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SortKey:
+    title: str
+    value: Callable[[TenantRow], float | None]  # larger first; None last
+
+
+#: Keys that sort the table: pressing one sorts by it, pressing it again reverses the order.
+SORT_KEYS: dict[str, SortKey] = {
+    "b": SortKey("bytes", lambda r: r.produce + r.fetch),
+    "p": SortKey("produce", lambda r: r.produce),
+    "f": SortKey("fetch", lambda r: r.fetch),
+    "r": SortKey("request time", lambda r: r.request),
+    "u": SortKey("quota use", lambda r: r.usage),
+    "t": SortKey("throttle time", lambda r: r.throttle_rate),
+    "n": SortKey("name", lambda r: None),
+}
+DEFAULT_SORT = "b"
+NAME_SORT = "n"
+
+
+def sort_rows(rows: Iterable[TenantRow], key: str, reverse: bool = False) -> list[TenantRow]:
+    """Largest first (names: alphabetical), ties and unknowns after, by name; `reverse` flips."""
+    by_name = sorted(rows, key=lambda r: (r.user, r.client_id))
+    if key == NAME_SORT:
+        return by_name[::-1] if reverse else by_name
+    value = SORT_KEYS[key].value
+    known = [r for r in by_name if value(r) is not None]
+    unknown = [r for r in by_name if value(r) is None]
+    ordered = sorted(known, key=lambda r: value(r) or 0.0, reverse=not reverse)  # stable: ties by name
+    return ordered + unknown
+
+
+def filter_rows(rows: Iterable[TenantRow], text: str) -> list[TenantRow]:
+    """Tenants whose user or client-id contains `text` (case-insensitive)."""
+    needle = text.lower()
+    return [r for r in rows if needle in r.user.lower() or needle in r.client_id.lower()]
