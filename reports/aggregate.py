@@ -199,10 +199,11 @@ def hourly(events: DataFrame, throttled_most_share: float = THROTTLED_MOST_SHARE
             .drop("hour_ms"))
 
 
-def chart_bucket_ms(span_ms: int, max_points: int = 240) -> int:
-    """The chart's time step: the smallest of a few round steps giving at most `max_points` points."""
-    for step_s in (10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600):
-        if span_ms / (step_s * 1000) <= max_points:
+def chart_bucket_ms(span_ms: int, interval_ms: int, max_points: int = 240) -> int:
+    """The chart's time step: the smallest round step at least one event interval long (a shorter one
+    would show an interval's bytes as a spike and gaps) giving at most `max_points` points."""
+    for step_s in (1, 2, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600):
+        if step_s * 1000 >= interval_ms and span_ms / (step_s * 1000) <= max_points:
             return step_s * 1000
     return 7 * 24 * 3600 * 1000
 

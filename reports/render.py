@@ -20,6 +20,10 @@ SHARES = (("producer_byte_rate", "produce"), ("consumer_byte_rate", "fetch"))
 MARKED_POINTS = 60
 """Lines with at most this many points get a dot on each (more would hide the line)."""
 
+TICK_STEPS_MS = tuple(s * 1000 for s in (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600,
+                                          86_400, 7 * 86_400))
+"""Round steps for the time axis' ticks: the smallest giving at most six."""
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -155,10 +159,14 @@ def svg_chart(points: Mapping[tuple[str, str], Sequence[tuple[int, float]]], tit
         parts.append(f'<line x1="{left - 4}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}" '
                      f'stroke="#eee"/><text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
                      f'{html.escape(size(v))}/s</text>')
-    for i in range(5):  # x ticks
-        t = t0 + span * i // 4
-        label = datetime.fromtimestamp(t / 1000, UTC).strftime("%m-%d %H:%M:%S")
-        parts.append(f'<text x="{x(t):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{label}</text>')
+    step = next((s for s in TICK_STEPS_MS if span / s <= 6), TICK_STEPS_MS[-1])
+    shape = "%H:%M:%S" if step < 60_000 else "%H:%M" if span < 86_400_000 else "%m-%d %H:%M"
+    for t in range(-(-t0 // step) * step, t1 + 1, step):  # x ticks on round times
+        label = datetime.fromtimestamp(t / 1000, UTC).strftime(shape)
+        parts.append(f'<line x1="{x(t):.1f}" y1="{top + plot_h}" x2="{x(t):.1f}" y2="{top + plot_h + 4}" '
+                     f'stroke="#999"/><text x="{x(t):.1f}" y="{top + plot_h + 16}" '
+                     f'text-anchor="middle">{label}</text>')
+    parts.append(f'<text x="{left + plot_w}" y="{height - 6}" text-anchor="end">UTC</text>')
     for n, ((user, client_id), line) in enumerate(points.items()):
         colour = PALETTE[n % len(PALETTE)]
         coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in sorted(line))

@@ -20,6 +20,7 @@ reports/aggregate.py's docstring.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -161,8 +162,9 @@ def build(spark: SparkSession, events: DataFrame, skipped: dict[str, tuple[int, 
             key = (r["user"], r["client_id"])
             totals[key] = totals.get(key, 0) + r["bytes_in"] + r["bytes_out"]
         top = sorted(totals, key=lambda k: (-totals[k], k))[:args.top]
-        first, last = events.agg(F.min("start_ms"), F.max("end_ms")).collect()[0]
-        bucket_ms = aggregate.chart_bucket_ms((last or 0) - (first or 0))
+        first, last, longest = events.agg(F.min("start_ms"), F.max("end_ms"),
+                                          F.max(F.col("end_ms") - F.col("start_ms"))).collect()[0]
+        bucket_ms = aggregate.chart_bucket_ms((last or 0) - (first or 0), longest or 0)
         series = [r.asDict() for r in aggregate.series(events, top, bucket_ms).collect()]
     finally:
         events.unpersist()
@@ -329,7 +331,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_command(parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Start Spark, run the report, stop Spark; the exit status (for `kthrottle usage-report` too)."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are every gateway call
     spark = session(args)
     try:
         run(spark, args)
