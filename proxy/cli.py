@@ -279,6 +279,12 @@ def _cmd_quotas(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _cmd_usage_report(args: argparse.Namespace) -> int:
+    from reports.usage_report import run_command
+
+    return run_command(args)
+
+
 def _cmd_top(args: argparse.Namespace) -> int:
     from .top import run as run_top
 
@@ -352,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
 
     add_top_arguments(top)
     top.set_defaults(func=_cmd_top)
+
+    from reports.usage_report import add_arguments as add_usage_report_arguments  # no pyspark import
+
+    report = sub.add_parser("usage-report",
+                            help="per-tenant, per-hour usage from the usage topic, on Spark (local mode)")
+    add_usage_report_arguments(report)
+    report.set_defaults(func=_cmd_usage_report)
 
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
