@@ -200,12 +200,17 @@ def hourly(events: DataFrame, throttled_most_share: float = THROTTLED_MOST_SHARE
 
 
 def chart_bucket_ms(span_ms: int, interval_ms: int, max_points: int = 240) -> int:
-    """The chart's time step: the smallest round step at least one event interval long (a shorter one
-    would show an interval's bytes as a spike and gaps) giving at most `max_points` points."""
+    """The chart's time step: a whole number of event intervals, the smallest round step giving at
+    most `max_points` points. Shorter than an interval, a step would show its bytes as a spike and
+    gaps; not a whole number of intervals, steps would hold one interval more or less in turn and the
+    line would saw (2 s events in 5 s steps: 0.8x, 1.2x, ...). `interval_ms` is the longest interval
+    seen; the writer's timer can end one a few ms late, so it is rounded to the whole second."""
+    interval = max(1000, round(interval_ms / 1000) * 1000)
     for step_s in (1, 2, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600):
-        if step_s * 1000 >= interval_ms and span_ms / (step_s * 1000) <= max_points:
-            return step_s * 1000
-    return 7 * 24 * 3600 * 1000
+        step = -(-step_s * 1000 // interval) * interval  # rounded up to whole intervals
+        if span_ms / step <= max_points:
+            return step
+    return -(-7 * 24 * 3600 * 1000 // interval) * interval
 
 
 def series(events: DataFrame, tenants: list[tuple[str, str]], bucket_ms: int) -> DataFrame:

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer
 from pyspark.sql import SparkSession
 
 from harness.local_kafka import LocalKafka
-from reports import usage_report
+from reports import aggregate, usage_report
 from tests.integration.proxies import REPO, QuotaProxy
 
 from .kafka import create_topic, produce
@@ -342,3 +342,12 @@ def test_report_matches_what_the_proxy_counted(spark: SparkSession, spark_proxy:
           f"(= the proxy's Produce request bytes); reader {tenants['reader']['bytes_out']:.0f} B out "
           f"(values {values_read}, sent {sent_back:.0f}); slow throttled {throttles:.0f} times "
           f"({throttle_s:.1f} s), peak {tenants['slow']['peak']:.2f}x its quota")
+
+
+def test_chart_steps_hold_whole_intervals() -> None:
+    """A chart step is a whole number of event intervals (else steps hold one interval more or less in
+    turn and the line saws), even when a late timer made the longest interval a few ms long."""
+    assert aggregate.chart_bucket_ms(110_000, 2_003) == 2_000  # 2 s events: 2 s steps, not 5 s
+    assert aggregate.chart_bucket_ms(3_600_000, 2_000) == 30_000  # an hour: 120 points of 15 intervals
+    assert aggregate.chart_bucket_ms(3_600_000, 7_000) == 35_000  # 30 s rounded up to 5 intervals
+    assert aggregate.chart_bucket_ms(10_000, 10_000) == 10_000  # never shorter than one interval
