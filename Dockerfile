@@ -17,6 +17,10 @@ COPY protocol ./protocol
 COPY quotas ./quotas
 COPY config ./config
 COPY proxy ./proxy
+COPY cli ./cli
+COPY top ./top
+COPY harness ./harness
+COPY reports ./reports
 RUN pip install . && rm -rf /src
 
 RUN useradd --system --uid 10001 --no-create-home kthrottle

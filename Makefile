@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy protocol quotas
+	$(VENV)/bin/mypy protocol quotas config/principal_mapping
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests/unit

@@ -42,8 +42,8 @@ from prometheus_client import CollectorRegistry
 
 from config.fleet import FleetSettings
 from harness.local_kafka import KAFKA_VERSION, LocalKafka
-from proxy.fleet import ENCODE_SLICE, FleetExchange, FleetMetrics
-from proxy.membership import StaticMembership
+from proxy.fleet.exchange import ENCODE_SLICE, FleetExchange, FleetMetrics
+from proxy.fleet.membership import StaticMembership
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.fleet import NameItems, PeerUsage, UsageEntry, UsageTracker, decode_usage, encode_usage

@@ -37,8 +37,9 @@ from kafka import KafkaAdminClient
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from harness.local_kafka import KAFKA_VERSION, LocalKafka
-from protocol.addresses import Address, rewrite_addresses
+from protocol.addresses import rewrite_addresses
 from protocol.apis import ApiKey
+from protocol.broker_array import Address
 from protocol.frames import frame
 from protocol.headers import encode_request_header
 from tests.integration.proxies import RunningProxy

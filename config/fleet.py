@@ -1,8 +1,8 @@
 """The `[fleet]` table: several kthrottle processes enforcing one quota per entity (issue 11).
 
 Without the table a proxy is alone, exactly as before. With it, the proxy exchanges its usage with
-the other members over UDP (proxy/fleet.py) and finds them either in a static list or in ZooKeeper
-(proxy/membership.py). Every value is checked here, at start, and an error names the setting and
+the other members over UDP (proxy/fleet/exchange.py) and finds them either in a static list or in ZooKeeper
+(proxy/fleet/membership.py). Every value is checked here, at start, and an error names the setting and
 the value, so a fleet never half-starts with a typo:
 
 ```toml
@@ -24,14 +24,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from quotas.fleet import MAX_FLEET_NAME_BYTES, MIN_SECRET_BYTES, URGENT_MIN_INTERVAL_MS
 
-from .settings import Address, SettingsError, parse_address
-
-if TYPE_CHECKING:
-    from .settings import ProxySettings
+from .common import Address, SettingsError, parse_address
 
 #: Where the fleet secret comes from when `secret_file` is not set (kept out of files and `ps`).
 SECRET_ENV = "KTHROTTLE_FLEET_SECRET"
@@ -85,14 +81,15 @@ class FleetSettings:
     def stale_after_ms(self) -> int:
         return STALE_AFTER_FULL_SYNCS * self.full_sync_interval_ms
 
-    def check(self, settings: ProxySettings) -> None:
-        """What needs the `[proxy]` table too: ZooKeeper membership needs an ensemble."""
+    def check(self, proxy_zookeeper: str | None, proxy_zookeeper_chroot: str | None) -> None:
+        """What needs the `[proxy]` table too: ZooKeeper membership needs an ensemble, by default
+        the proxy's own (`proxy.zookeeper`, `proxy.zookeeper_chroot`)."""
         if self.membership != "zookeeper":
             return
         if self.zookeeper is None:
-            self.zookeeper = settings.zookeeper
+            self.zookeeper = proxy_zookeeper
         if self.zookeeper_chroot is None:
-            self.zookeeper_chroot = settings.zookeeper_chroot
+            self.zookeeper_chroot = proxy_zookeeper_chroot
         if not self.zookeeper:
             raise SettingsError('fleet.membership = "zookeeper" needs a connect string: set fleet.zookeeper '
                                 "or proxy.zookeeper")

@@ -14,35 +14,12 @@ from typing import TYPE_CHECKING
 from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
 from quotas.token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 
+from .common import Address, SettingsError, parse_address, parse_address_list
+
 if TYPE_CHECKING:
     from .fleet import FleetSettings
     from .tls import ListenerTls, UpstreamTls
     from .usage import UsageSettings
-
-
-class SettingsError(ValueError):
-    """A setting with a bad value; the message names the setting and the value."""
-
-
-Address = tuple[str, int]
-
-
-def parse_address(text: str, what: str) -> Address:
-    """'host:port' (or '[v6]:port') with a port in 1..65535."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise SettingsError(f"{what} {text!r} is not HOST:PORT")
-    number = int(port)
-    if not 0 <= number <= 65535:
-        raise SettingsError(f"{what} {text!r} has port {number} outside 0..65535")
-    return host.strip("[]"), number
-
-
-def parse_address_list(text: str, what: str) -> list[Address]:
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        raise SettingsError(f"{what} {text!r} names no HOST:PORT")
-    return [parse_address(item, what) for item in items]
 
 
 @dataclass(slots=True)
@@ -144,7 +121,7 @@ class ProxySettings:
                 f"proxy.max_connections_per_ip = {self.max_connections_per_ip} is above "
                 f"proxy.max_connections = {self.max_connections}")
         if self.fleet is not None:
-            self.fleet.check(self)
+            self.fleet.check(self.zookeeper, self.zookeeper_chroot)
 
     def node_port(self, node_id: int) -> int:
         """The deterministic proxy port for a broker node id."""

@@ -38,9 +38,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from protocol.tls_identity import PrincipalMappingError, SslPrincipalMapper
-
-from .settings import SettingsError
+from .common import SettingsError
+from .principal_mapping import PrincipalMappingError, SslPrincipalMapper
 
 #: Kafka's ssl.client.auth values. "requested" asks for a certificate and accepts a connection
 #: without one (its principal is then ANONYMOUS); a certificate that is presented must verify.

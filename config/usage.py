@@ -2,7 +2,7 @@
 
 Without the table no events are written and the quota engine counts nothing for them. With it,
 every `interval_ms` the proxy writes one JSON event per active (user, client-id) to `topic`
-(proxy/usage_events.py; the schema is in README "Usage history and reports"):
+(proxy/observability/usage_events.py; the schema is in README "Usage history and reports"):
 
 ```toml
 [usage]
@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .settings import Address, SettingsError, parse_address
+from .common import Address, SettingsError, parse_address
 
 #: How often events are written by default: often enough for an hourly report to see a tenant's
 #: shape, rarely enough that 10,000 tenants cost ~1,000 small records a second.

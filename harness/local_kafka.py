@@ -54,7 +54,7 @@ from .processes import tail as _tail
 __all__ = [
     "KAFKA_VERSION", "LISTENERS", "SASL_MECHANISMS", "SASL_USERS", "SCRAM_MECHANISMS", "SSL_CLIENT_AUTH",
     "SSL_PRINCIPAL_MAPPING_RULES", "ClassArchive", "LocalKafka",
-    "ensure_kafka_jars", "java_executable", "kafka_classpath", "main",
+    "ensure_kafka_jars", "java_executable", "kafka_classpath",
 ]
 
 _START_ATTEMPTS = 2
@@ -508,17 +508,3 @@ class LocalKafka:
                 body = "\n".join([*errors, "...", *lines[-tail:]] if errors else lines[-tail:])
                 parts.append(f"--- node {nid} {name} ---\n{body}")
         return "\n".join(parts)
-
-
-# --------------------------------------------------------------------------------------------- CLI
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``kthrottle local-kafka``: run a local cluster in the foreground (see ``local_kafka_cli``)."""
-    from .local_kafka_cli import main as run
-
-    return run(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .addresses import Address
+from .broker_array import Address
 from .client_quotas import QuotaAdminRequest
 
 

@@ -27,21 +27,23 @@ broker connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .apis import KNOWN_APIS, ApiKey, api_name
-from .broker_array import BrokerArray, describe_cluster_brokers, encode_address, metadata_brokers
+from .broker_array import (
+    Address,
+    Advertise,
+    BrokerArray,
+    describe_cluster_brokers,
+    encode_address,
+    metadata_brokers,
+)
 from .errors import MalformedBody, MalformedHeader
 from .fetch_stream import FETCH_STREAM_VERSIONS, rewrite_fetch_response
 from .headers import response_body_offset
 from .node_endpoints import share_node_endpoints, strip_quorum_nodes
 from .skim import produce_response_has_tags
-
-Address = tuple[str, int]
-#: node id -> the proxy address clients must use for it
-Advertise = Callable[[int], Address]
 
 #: APIs whose responses carry broker (or controller) addresses, with the first version that may
 #: carry them: KIP-951 NodeEndpoints appear in Produce v10+ and Fetch v16+, KIP-932's in every

@@ -15,10 +15,16 @@ readers too (`node_endpoints.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import MalformedBody, MalformedHeader, ProtocolError
 from .headers import read_uvarint
+
+#: a broker's (host, port)
+Address = tuple[str, int]
+#: node id -> the proxy address clients must use for it (what every address rewrite takes)
+Advertise = Callable[[int], Address]
 
 #: Metadata: v1 adds each broker's rack (and the controller id), v3 puts throttle_time_ms first,
 #: v9 is the first flexible version (compact arrays and strings, tagged fields per broker).

@@ -29,9 +29,9 @@ from .actions import (
     ToBroker,
     ToClient,
 )
-from .addresses import Address, Advertise
 from .api_versions import check_request_version
 from .apis import KNOWN_APIS, ApiKey, api_name
+from .broker_array import Address, Advertise
 from .charging import (
     REQUEST_QUOTA_EXEMPT,
     QuotaPolicy,

@@ -33,13 +33,9 @@ v16, v17 and v18 (v17 and v18 change only the request). Anything that does not a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from .broker_array import FieldError, encode_address, read_brokers, read_uvarint_field
+from .broker_array import Address, Advertise, FieldError, encode_address, read_brokers, read_uvarint_field
 from .errors import MalformedBody, ProtocolError
-
-if TYPE_CHECKING:
-    from .addresses import Address, Advertise
 
 #: The Fetch versions whose layout this reader knows: NodeEndpoints appear in v16 (KIP-951); v17
 #: (KIP-853) and v18 (KIP-1166) leave the response as it is. The proxy offers no newer version.

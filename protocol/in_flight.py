@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .controller_mutations import MutationCharge
+    from .mutation_charge import MutationCharge
 
 
 @dataclass(slots=True)

@@ -9,9 +9,10 @@ connection so each rewrite stays one small rule; every other response passes unt
 from __future__ import annotations
 
 from .actions import Action, BrokersSeen
-from .addresses import Advertise, needs_rewrite, rewrite_addresses
+from .addresses import needs_rewrite, rewrite_addresses
 from .api_versions import UNSUPPORTED_VERSION, clamp_api_versions
 from .apis import ApiKey, response_header_version
+from .broker_array import Advertise
 from .headers import response_body_offset
 from .in_flight import InFlight
 

@@ -20,34 +20,19 @@ from quotas.engine import EngineConfig, QuotaEngine
 from quotas.partition_throttle import PartitionThrottles
 from quotas.rate import WindowConfig
 
-from .admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
-from .discovery import discover_brokers
-from .memory_pool import RequestMemoryPool
-from .metrics import ProxyMetrics
-from .partition_throttles import TopicIdResolver, register_partition_throttle_metrics
-from .quota_admin import QuotaAdminService
+from .admin.quota_admin import QuotaAdminService
+from .limits.admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
+from .limits.memory_pool import RequestMemoryPool
+from .observability.metrics import ProxyMetrics
+from .observability.partition_throttle_metrics import register_partition_throttle_metrics
 from .session import ClientSession
 from .tls import TlsContexts
-from .upstream_health import UpstreamHealth, describe_error
+from .upstream.directory import BrokerDirectory
+from .upstream.discovery import discover_brokers
+from .upstream.health import UpstreamHealth, describe_error
+from .upstream.topic_ids import TopicIdResolver
 
 log = logging.getLogger("kthrottle.proxy")
-
-
-class BrokerDirectory:
-    """Where each broker node id really lives, as learned from responses."""
-
-    def __init__(self) -> None:
-        self.addresses: dict[int, Address] = {}
-
-    def learn(self, addresses: dict[int, Address]) -> list[int]:
-        """Record addresses; returns the node ids seen for the first time."""
-        new = [node for node in addresses if node not in self.addresses]
-        for node, address in addresses.items():
-            if self.addresses.get(node) != address:
-                if node in self.addresses:
-                    log.info("broker %d moved from %s:%d to %s:%d", node, *self.addresses[node], *address)
-                self.addresses[node] = address
-        return new
 
 
 class ProxyServer:

@@ -13,7 +13,6 @@ import itertools
 import logging
 import socket
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 from protocol.apis import api_name
 from protocol.connection import (
@@ -31,6 +30,7 @@ from protocol.connection import (
 from protocol.frames import TLS_ON_PLAINTEXT
 
 from .ordered_writer import OrderedWriter, now_ms
+from .session_context import SessionContext
 from .tls import (
     CertificateRefused,
     client_certificate_principal,
@@ -38,10 +38,7 @@ from .tls import (
     describe_upstream_error,
     start_server_tls,
 )
-from .upstream_health import describe_error
-
-if TYPE_CHECKING:
-    from .server import ProxyServer
+from .upstream.health import describe_error
 
 log = logging.getLogger("kthrottle.proxy")
 
@@ -80,7 +77,7 @@ class ClientSession(asyncio.Protocol):
 
     _ids = itertools.count(1)
 
-    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+    def __init__(self, server: SessionContext, node_id: int | None) -> None:
         self.server = server
         self.node_id = node_id
         self.id = next(self._ids)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from config.settings import SettingsError
+from config.common import SettingsError
+from config.principal_mapping import principal_from_certificate
 from config.tls import ListenerTls, UpstreamTls, read_ca, read_certificate_pair
-from protocol.tls_identity import principal_from_certificate
 
 log = logging.getLogger("kthrottle.tls")
 

@@ -55,7 +55,7 @@ class RunningProxy:
         # Open for the proxy's whole life (closed in stop()), so no context manager.
         self._log = tempfile.NamedTemporaryFile(prefix="kthrottle-", suffix=".log", delete=False)  # noqa: SIM115
         self.log_path = Path(self._log.name)
-        cmd = [sys.executable, "-m", "proxy.cli", "run", "--upstream", upstream,
+        cmd = [sys.executable, "-m", "cli", "run", "--upstream", upstream,
                "--listen", self.bootstrap, *(extra_args or [])]
         def limit_descriptors() -> None:
             if nofile is not None:

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from cli import quotas as quota_client
 from harness.local_kafka import LocalKafka
-from proxy import quota_client
 from tests.integration.conftest import JAVA_CONSOLE_CONSUMER, KafkaJava
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, consume_for, report, slope

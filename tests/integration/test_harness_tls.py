@@ -22,9 +22,9 @@ from confluent_kafka.cimpl import NewTopic
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from cli.quotas import alter
 from harness.certificates import TestCertificates
 from harness.local_kafka import SASL_USERS, LocalKafka
-from proxy.quota_client import alter
 
 from .clients import (
     PARTITIONS,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from cli.quotas import alter, describe
 from harness.local_kafka import SASL_USERS, LocalKafka
-from proxy.quota_client import alter, describe
 
 from .clients import topic_name, wait_until
 from .conftest import JAVA_CONFIG_COMMAND, KafkaJava
@@ -461,7 +461,7 @@ def test_editing_the_quota_file_throttles_a_running_producer(admin_proxy: QuotaP
 
 def _kthrottle_quotas(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", bootstrap, *args],
+        [sys.executable, "-m", "cli", "quotas", "--bootstrap-server", bootstrap, *args],
         capture_output=True,
         text=True,
         timeout=60,

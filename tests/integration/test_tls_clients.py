@@ -78,7 +78,7 @@ USER_QUOTA = 100_000
 #: Every other principal's bound: never reached here, but it gives each principal its own quota bucket,
 #: so the proxy's metrics name who every byte was charged to (ANONYMOUS, bob, ...). The proxy's log
 #: cannot say it for every connection: it passes 5 lines of a kind per 10 s and summarises the rest
-#: (proxy/logs.py), so its login lines are checked only for naming nobody else.
+#: (proxy/observability/logs.py), so its login lines are checked only for naming nobody else.
 UNREACHED_QUOTA = 1_000_000_000
 
 #: A client id with a bucket of its own per principal ((user, client-id), Kafka's level 4), except for
@@ -127,7 +127,7 @@ PRODUCE_RATE = "kthrottle_produce_byte_rate_bytes_per_second"
 FETCH_RATE = "kthrottle_fetch_byte_rate_bytes_per_second"
 #: Kafka's Errors.ILLEGAL_SASL_STATE.
 ILLEGAL_SASL_STATE = 34
-#: What the proxy's summary of suppressed log lines says (proxy/logs.py), with one earlier line's text.
+#: What the proxy's summary of suppressed log lines says (proxy/observability/logs.py), with one earlier line's text.
 SUMMARY = "more line(s) like this"
 #: librdkafka's in-flight bytes for the quota runs: its default (4 MB, 1 MB requests) would be a 10 s
 #: throttle per request at 100 kB/s and 40 s of draining after a run.

@@ -469,7 +469,7 @@ def test_a_bad_tls_setting_stops_kthrottle_run_naming_it(tls_cluster: LocalKafka
                                                          tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(f'[tls]\ncertificate = "{certs.server.cert}"\nkey = "{certs.client("alice").key}"\n')
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "--upstream", tls_cluster.bootstrap,
+    done = subprocess.run([sys.executable, "-m", "cli", "run", "--upstream", tls_cluster.bootstrap,
                            "--config", str(config)], cwd=REPO, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert f"tls.key = '{certs.client('alice').key}' does not match tls.certificate" in done.stderr.decode()
@@ -480,7 +480,7 @@ def _kthrottle_quotas(bootstrap: str, certs: TestCertificates, client: IssuedCer
     """`kthrottle quotas` over TLS to the proxy, with `client`'s certificate when given."""
     identity = [] if client is None else ["--tls-certificate", str(client.cert), "--tls-key", str(client.key)]
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", bootstrap,
+        [sys.executable, "-m", "cli", "quotas", "--bootstrap-server", bootstrap,
          "--tls-ca", str(certs.ca), *identity, *args],
         capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
 
@@ -511,7 +511,7 @@ def test_kthrottle_quotas_over_tls_admits_only_the_admin_certificate(
         anonymous = _kthrottle_quotas(proxy.bootstrap, certs, None, "describe")
         assert anonymous.returncode == 1, anonymous.stdout
         half = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
+            [sys.executable, "-m", "cli", "quotas", "--bootstrap-server", proxy.bootstrap,
              "--tls-ca", str(certs.ca), "--tls-certificate", str(alice.cert), "describe"],
             capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
         assert half.returncode == 2, half.stderr

@@ -121,7 +121,7 @@ def _dead_endpoint() -> str:
 
 
 def _top_command(a: QuotaProxy, b: QuotaProxy, dead: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "proxy.top", "--metrics", f"127.0.0.1:{a.metrics_port}",
+    return [sys.executable, "-m", "top", "--metrics", f"127.0.0.1:{a.metrics_port}",
             "--metrics", f"http://127.0.0.1:{b.metrics_port}/metrics", "--metrics", dead, *extra]
 
 
@@ -275,7 +275,7 @@ def test_kthrottle_top_command_names_an_unreachable_proxy() -> None:
     """`kthrottle top` is the CLI's subcommand: with no proxy answering, --once prints the endpoint as
     unreachable with its error and exits 1 (0 when any proxy answered)."""
     closed = free_port_block(1, start=47000)
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "top", "--metrics", f"127.0.0.1:{closed}",
+    done = subprocess.run([sys.executable, "-m", "cli", "top", "--metrics", f"127.0.0.1:{closed}",
                            "--once", "--interval", "0.2", "--width", "120"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, (done.stdout, done.stderr)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.quotas import alter, describe
 from harness.local_kafka import LocalKafka
 from harness.local_zookeeper import LocalZooKeeper
-from proxy.quota_client import alter, describe
 
 from .clients import wait_until
 from .conftest import KafkaJava
@@ -191,7 +191,7 @@ def test_quota_tables_in_the_file_are_refused_when_zookeeper_is_set(
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "cli",
             "run",
             "--upstream",
             kafka_cluster.bootstrap,

@@ -13,9 +13,9 @@ from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
-from protocol.addresses import Address, Advertise, needs_rewrite, rewrite_addresses
+from protocol.addresses import needs_rewrite, rewrite_addresses
 from protocol.apis import KNOWN_APIS, ApiKey
-from protocol.broker_array import metadata_brokers
+from protocol.broker_array import Address, Advertise, metadata_brokers
 from protocol.errors import MalformedBody, ProtocolError
 from protocol.headers import encode_response_header, response_body_offset
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.admission import (
+from proxy.limits.admission import (
     DESCRIPTORS_PER_CONNECTION,
     RESERVED_DESCRIPTORS,
     ConnectionLimits,

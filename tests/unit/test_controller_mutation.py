@@ -31,7 +31,7 @@ from protocol.controller_mutations import (
 )
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.sasl import ANONYMOUS
-from proxy.metrics import ProxyMetrics
+from proxy.observability.metrics import ProxyMetrics
 from quotas.controller_mutation import (
     ControllerMutationQuotaManager,
     MutationTokenBucket,

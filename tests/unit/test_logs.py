@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.logs import RepeatSummary
+from proxy.observability.logs import RepeatSummary
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.memory_pool import RequestMemoryPool
+from proxy.limits.memory_pool import RequestMemoryPool
 
 
 class Holder:

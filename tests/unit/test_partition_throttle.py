@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from config.partition_throttles import load_partition_throttles, parse_partition_throttles
 from config.quotas import QuotaConfigError
 from protocol.topic_names import TopicNames
-from proxy.partition_throttles import register_partition_throttle_metrics
+from proxy.observability.partition_throttle_metrics import register_partition_throttle_metrics
 from quotas.partition_throttle import (
     APPLIES_CACHE_MAX,
     MAX_PARTITION_THROTTLES,

@@ -20,15 +20,15 @@ from cryptography.x509.oid import NameOID, ObjectIdentifier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.sasl import ANONYMOUS
-from protocol.tls_identity import (
+from config.principal_mapping import (
     DEFAULT_SSL_PRINCIPAL_MAPPING_RULES,
     PrincipalMappingError,
     SslPrincipalMapper,
     UnsupportedPrincipalMappingRule,
-    distinguished_name,
     principal_from_certificate,
 )
+from protocol.sasl import ANONYMOUS
+from protocol.tls_identity import distinguished_name
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 START = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)

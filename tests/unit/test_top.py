@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the captured metrics text keeps its long lines)
-"""`kthrottle top`'s pure half (proxy/top_view.py): parsing, rates, fleet sums, sorting, filtering,
+"""`kthrottle top`'s pure half (top/view.py): parsing, rates, fleet sums, sorting, filtering,
 keys, and screens of every size. The metrics text is a real scrape of `kthrottle run` taken by
 tests/integration/test_top.py (client ids ingest-a under its quota, ingest-b throttled), with the
 histogram and the families `top` does not read left out.
@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from proxy.top import fetch
-from proxy.top_figures import (
+from top.app import fetch
+from top.figures import (
     REQUESTS,
     SORT_KEYS,
     ProxyFigures,
@@ -27,7 +27,7 @@ from proxy.top_figures import (
     scrape_from_text,
     sort_rows,
 )
-from proxy.top_view import (
+from top.view import (
     ENTER,
     ESCAPE,
     ViewState,

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from proxy.upstream_health import UpstreamHealth, describe_error
+from proxy.upstream.health import UpstreamHealth, describe_error
 
 
 def test_reasons_name_what_happened() -> None:

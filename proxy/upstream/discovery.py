@@ -15,7 +15,7 @@ from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
-from config.settings import Address
+from config.common import Address
 from protocol.apis import ApiKey
 from protocol.frames import frame
 from protocol.headers import encode_request_header

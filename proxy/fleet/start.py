@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from config.fleet import FleetSettings, check_name
 from config.settings import Address, ProxySettings, SettingsError
+from proxy.upstream.discovery import fetch_metadata
 
-from .discovery import fetch_metadata
-from .fleet import FleetExchange, FleetMetrics
+from .exchange import FleetExchange, FleetMetrics
 from .membership import Membership, StaticMembership, ZooKeeperMembership
 
 if TYPE_CHECKING:
-    from .server import ProxyServer
+    from proxy.server import ProxyServer
 
 #: How long start-up tries to read the cluster id (the default fleet name) before giving up.
 CLUSTER_ID_TIMEOUT_S = 15.0

@@ -2,7 +2,7 @@
 
 Why pure: the screen is a function of two scrapes per proxy (top_figures.py), the operator's sort
 and filter, and the terminal's size, so every size, sort and failure can be tested without a
-terminal or a socket. proxy/top.py only fetches the text, keeps time, reads keys and draws these
+terminal or a socket. top/app.py only fetches the text, keeps time, reads keys and draws these
 lines with curses.
 """
 
@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from quotas.types import QuotaType
-
-from .top_figures import (
+from top.figures import (
     DEFAULT_SORT,
     NAME_SORT,
     REQUEST_BYTES,

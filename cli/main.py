@@ -17,16 +17,14 @@ from typing import TYPE_CHECKING
 import uvloop
 
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
-
-from .logs import RepeatSummary
-from .logs import install as install_log_summary
+from proxy.observability.logs import RepeatSummary
+from proxy.observability.logs import install as install_log_summary
 
 if TYPE_CHECKING:
     from config.store import FileQuotaStore
+    from proxy.admin.quota_admin import QuotaStore
+    from proxy.server import ProxyServer
     from quotas.engine import QuotaTable
-
-    from .quota_admin import QuotaStore
-    from .server import ProxyServer
 
 log = logging.getLogger("kthrottle")
 
@@ -43,7 +41,7 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
         settings.metrics_port = args.metrics_port
     if args.node_port_base is not None:
         settings.node_port_base = args.node_port_base
-    from .workers import configure_worker
+    from proxy.fleet.workers import configure_worker
 
     configure_worker(settings)  # a worker of `run --workers N`: shared listeners, a fleet of siblings
     return settings
@@ -151,20 +149,19 @@ def _trim_malloc() -> None:
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
     """Run the proxy until SIGINT or SIGTERM; SIGHUP reloads the quota file and the TLS files."""
     from config.store import FileQuotaStore
-
-    from .server import ProxyServer
+    from proxy.server import ProxyServer
 
     server = ProxyServer(settings)
     store = await _open_quota_store(settings, server)
     server.quota_admin.store = store
     fleet = None
     if settings.fleet is not None:  # before the listeners: clients meet a proxy that knows its peers
-        from .fleet_start import start_fleet
+        from proxy.fleet.start import start_fleet
 
         fleet = await start_fleet(settings, server)
     usage_writer = None
     if settings.usage is not None:  # counts from here: the listeners are not open yet
-        from .usage_events import UsageEventWriter, proxy_identity
+        from proxy.observability.usage_events import UsageEventWriter, proxy_identity
 
         member = None if fleet is None else (f"{fleet.sender:016x}", fleet.name)
         identity = proxy_identity(settings, settings.listen, *(member or (None, None)))
@@ -173,7 +170,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         usage_writer.start()
     endpoint = None
     if settings.metrics_port:
-        from .http_endpoint import HttpEndpoint
+        from proxy.observability.http_endpoint import HttpEndpoint
 
         async def refresh() -> None:
             await server.metrics.quotas.refresh()
@@ -194,7 +191,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         print(ready_message, flush=True)
     demo_producer = None
     if demo:
-        from .demo import DemoProducer
+        from harness.demo import DemoProducer
 
         demo_producer = DemoProducer(f"{host}:{port}")
         demo_producer.start()
@@ -262,7 +259,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
         _tune_malloc()
         if args.workers != 1:
-            from .workers import supervise
+            from proxy.fleet.workers import supervise
 
             return supervise(args, settings)
         try:
@@ -274,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_quotas(args: argparse.Namespace) -> int:
-    from .quota_client import run_command
+    from cli.quotas import run_command
 
     return run_command(args)
 
@@ -286,7 +283,7 @@ def _cmd_usage_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_top(args: argparse.Namespace) -> int:
-    from .top import run as run_top
+    from top.app import run as run_top
 
     return run_top(args)
 
@@ -354,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     top = sub.add_parser("top", help="live terminal view of running proxies: tenants by rate against "
                                      "their quotas, throttle time, muted connections")
-    from .top import add_arguments as add_top_arguments
+    from top.app import add_arguments as add_top_arguments
 
     add_top_arguments(top)
     top.set_defaults(func=_cmd_top)
@@ -371,11 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the demo's client library: its own noise
     if args.command == "local-kafka":
-        from harness import local_kafka
+        from harness import local_kafka_cli
 
         forwarded = ([f"--brokers={args.brokers}"] + (["--sasl"] if args.sasl else [])
                      + (["--tls"] if args.tls else []) + (["--telemetry"] if args.telemetry else []) + rest)
-        return local_kafka.main(forwarded)
+        return local_kafka_cli.main(forwarded)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return int(args.func(args))

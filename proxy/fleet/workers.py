@@ -3,7 +3,7 @@
 One Python process moves about one core's worth of bytes; to use more cores, N worker processes
 each run the whole proxy and share its listeners (the bootstrap port and every broker port) with
 SO_REUSEPORT, so the kernel spreads client connections over them. A client's connections may then
-land on different workers, which is why the workers form a fleet (proxy/fleet.py) and enforce one
+land on different workers, which is why the workers form a fleet (proxy/fleet/exchange.py) and enforce one
 quota per entity together, exactly as proxies on several hosts do.
 
 With no `[fleet]` table, the fleet needs no configuration: this supervising parent binds one UDP
@@ -99,7 +99,7 @@ class _Worker:
 
 def _command(args: argparse.Namespace, settings: ProxySettings, index: int) -> list[str]:
     """The worker's `kthrottle run`, with the parent's flags (its settings come from the same file)."""
-    command = [sys.executable, "-m", "proxy.cli", "--log-level", str(args.log_level), "run",
+    command = [sys.executable, "-m", "cli", "--log-level", str(args.log_level), "run",
                "--upstream", ",".join(f"{host}:{port}" for host, port in settings.upstream)]
     if args.config is not None:
         command += ["--config", str(args.config)]

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quotas.types import QuotaType
 
-#: The rate gauge of each quota type, as proxy/metrics.py exports them (`quota` label = QuotaType.value).
+#: The rate gauge of each quota type, as proxy/observability/metrics.py exports them (`quota` label = QuotaType.value).
 RATE_FAMILIES: dict[str, str] = {
     QuotaType.PRODUCE.value: "kthrottle_produce_byte_rate_bytes_per_second",
     QuotaType.FETCH.value: "kthrottle_fetch_byte_rate_bytes_per_second",
@@ -42,7 +42,7 @@ RESPONSE_BYTES = "kthrottle_response_bytes_total"
 THROTTLED_RESPONSES = "kthrottle_throttled_responses_total"
 _PROXY_COUNTERS = (REQUESTS, REQUEST_BYTES, RESPONSE_BYTES, THROTTLED_RESPONSES)
 
-#: The label proxy/metrics.py gives to entities folded beyond `metrics_max_entities`.
+#: The label proxy/observability/metrics.py gives to entities folded beyond `metrics_max_entities`.
 OTHER = "__other__"
 
 #: (user, client_id) as the proxy labels a quota bucket; "" where the bucket spans that dimension.

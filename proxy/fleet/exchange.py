@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, cast
 import asyncio_dgram
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from config.common import Address, SettingsError
 from config.fleet import FleetSettings, check_name
-from config.settings import Address, SettingsError
 from quotas.engine import QuotaEngine
 from quotas.fleet import (
     MAX_DATAGRAM_BYTES,
@@ -77,7 +77,7 @@ def _show(address: Address) -> str:
 
 
 class FleetMetrics:
-    """The exchange's own metrics (the per-entity fleet rates are read by proxy/metrics.py)."""
+    """The exchange's own metrics (the per-entity fleet rates are read by proxy/observability/metrics.py)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry

@@ -25,7 +25,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch
 from kazoo.retry import KazooRetry
 
-from config.settings import Address, SettingsError, parse_address
+from config.common import Address, SettingsError, parse_address
 from quotas.entity import sanitize
 
 log = logging.getLogger("kthrottle.fleet.membership")

@@ -2,7 +2,7 @@
 
 The thin I/O half: fetch each `--metrics` URL (in parallel, each with a timeout, so one slow or
 dead proxy never holds the others), keep the previous scrape for the counters' rates, read keys
-and draw proxy/top_view.py's lines with curses. `--once` prints one screen to stdout instead.
+and draw top/view.py's lines with curses. `--once` prints one screen to stdout instead.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TextIO
 
-from .top_figures import (
+from top.figures import (
     DEFAULT_SORT,
     SORT_KEYS,
     ProxyRow,
@@ -30,7 +30,7 @@ from .top_figures import (
     metrics_url,
     scrape_from_text,
 )
-from .top_view import (
+from top.view import (
     BACKSPACE,
     ENTER,
     ESCAPE,
@@ -229,7 +229,7 @@ def _interactive(screen: curses.window, urls: Sequence[str], interval: float, st
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`kthrottle top`'s options (shared by proxy/cli.py and `python -m proxy.top`)."""
+    """`kthrottle top`'s options (shared by cli/main.py and `python -m top`)."""
     parser.add_argument("--metrics", action="append", required=True, metavar="URL",
                         help="a proxy's metrics endpoint (host:port or http://host:port/metrics); "
                              "repeat for every proxy of a fleet")

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from config.settings import Address
+from config.common import Address
 
 log = logging.getLogger("kthrottle.upstream")
 

@@ -1,0 +1,1 @@
+"""The `kthrottle` command line: `run`, `local-kafka`, `quotas`, `top`, `usage-report`."""

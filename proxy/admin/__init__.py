@@ -1,0 +1,1 @@
+"""The admin quota APIs (Describe/AlterClientQuotas) answered by the proxy itself."""
