@@ -377,6 +377,7 @@ class ClientQuotaManager:
         if tokens is not None:
             in_debt = tokens.level(bound, now_ms) < 0.0
             throttle = tokens.record(value, bound, now_ms)
+            bucket.keep_until_ms = tokens.full_at_ms(bound)  # expiry must not forgive a refilling bucket
             if peers is not None and observed > bound:
                 throttle = max(throttle, throttle_time_ms(observed, bound, window_ms))
             if self.max_throttle_ms is not None and throttle > self.max_throttle_ms:

@@ -75,6 +75,15 @@ class TokenBucket:
         """Give `value` back (a throttled fetch's records are not sent, as Kafka un-records them)."""
         self.record(-value, rate, now_ms)
 
+    def full_at_ms(self, rate: float) -> int:
+        """When the bucket is full again at `rate`: until then, forgetting it would forgive a debt
+        (or a spent burst) that the next decision still needs."""
+        tokens = self.tokens
+        burst = rate * BURST_MS / 1000.0
+        if tokens is None or tokens >= burst:
+            return self.updated_ms
+        return self.updated_ms + math.ceil((burst - tokens) / rate * 1000.0)
+
     def level(self, rate: float, now_ms: int) -> float:
         """Tokens at `now_ms` (negative: in debt), without recording anything."""
         burst = rate * BURST_MS / 1000.0
