@@ -23,6 +23,7 @@ from protocol.client_quotas import (
 )
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
+from quotas.ip_entities import IpEntityError, parse_ip_entity
 from quotas.types import QUOTA_KEYS, QuotaType
 
 from .quotas import QuotaConfigError, validate_value
@@ -50,6 +51,8 @@ class AdminError(Exception):
 def entity_parts(entity: QuotaEntity) -> EntityParts:
     """A configured entity as the wire names it: a default is a null name."""
     parts: list[tuple[str, str | None]] = []
+    if entity.ip is not None:
+        parts.append((IP, None if entity.ip == DEFAULT else entity.ip))
     if entity.user is not None:
         parts.append((USER, None if entity.user == DEFAULT else entity.user))
     if entity.client_id is not None:
@@ -81,7 +84,7 @@ def describe(table: QuotaTable, request: DescribeQuotas) -> list[DescribedEntry]
             if component.match is None:
                 raise AdminError(INVALID_REQUEST,
                                  "Request specified MATCH_TYPE_EXACT, but set match string to null.")
-            exact[kind] = component.match
+            exact[kind] = _canonical_ip(component.match) if kind == IP else component.match
         elif component.match_type == MATCH_DEFAULT:
             if component.match is not None:
                 raise AdminError(INVALID_REQUEST,
@@ -114,8 +117,16 @@ def describe(table: QuotaTable, request: DescribeQuotas) -> list[DescribedEntry]
     return found
 
 
-def _sort_key(entity: QuotaEntity) -> tuple[str, str]:
-    return (entity.user or "", entity.client_id or "")
+def _canonical_ip(name: str) -> str:
+    """A filter's ip as the entities are stored (an address written another way still matches)."""
+    try:
+        return parse_ip_entity(name)
+    except IpEntityError:
+        return name  # matches nothing
+
+
+def _sort_key(entity: QuotaEntity) -> tuple[str, str, str]:
+    return (entity.user or "", entity.client_id or "", entity.ip or "")
 
 
 def _key_name(item: tuple[QuotaType, float]) -> str:
@@ -133,10 +144,7 @@ def _entity(parts: EntityParts) -> QuotaEntity:
         if kind in names:
             raise AdminError(INVALID_REQUEST,
                              f"Invalid empty client quota entity, duplicate entity entry {kind}")
-        if kind == IP:
-            raise AdminError(INVALID_REQUEST, "ip quotas (connection_creation_rate) are not supported by "
-                                              "kthrottle; it enforces user and client-id quotas")
-        if kind not in (USER, CLIENT_ID):
+        if kind not in (USER, CLIENT_ID, IP):
             raise AdminError(INVALID_REQUEST, f"Unhandled client quota entity type: {kind}")
         if name is not None and not name:
             raise AdminError(INVALID_REQUEST, f"Empty {kind} not supported")
@@ -146,6 +154,16 @@ def _entity(parts: EntityParts) -> QuotaEntity:
             return None
         return names[kind] or DEFAULT  # a null name is the default entity
 
+    if IP in names:
+        if len(names) > 1:
+            raise AdminError(INVALID_REQUEST, "Invalid quota entity combination, IP entity should not be "
+                                              "combined with User or ClientId")
+        try:
+            ip = parse_ip_entity(named(IP) or DEFAULT)
+        except IpEntityError as exc:
+            raise AdminError(INVALID_REQUEST,
+                             f"{names[IP]} is not a valid IP or resolvable host: {exc}") from exc
+        return QuotaEntity(None, None, ip)
     return QuotaEntity(named(USER), named(CLIENT_ID))
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
+from quotas.ip_entities import IpEntityError, parse_ip_entity, validate_connection_creation_rate
 from quotas.types import QUOTA_KEYS, QuotaType
 
-#: Quota keys kthrottle enforces: every key Kafka has for users and client-ids, plus the KIP-936 draft's.
-ENFORCED = frozenset({QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.CONTROLLER_MUTATION,
-                      QuotaType.PRODUCER_IDS})
+#: Quota keys kthrottle enforces: every key Kafka has for users, client-ids and ips, plus the KIP-936
+#: draft's.
+ENFORCED = frozenset(QuotaType)
 
 
 class QuotaConfigError(ValueError):
@@ -33,6 +34,16 @@ def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType
                                f"(known: {', '.join(sorted(QUOTA_KEYS))})")
     if quota_type not in ENFORCED:
         raise QuotaConfigError(f"{where}: {key} is not supported by kthrottle yet")
+    if quota_type.ip_only != (entity.ip is not None):
+        # Kafka's ClientQuotaControlManager: each entity type has its own keys
+        kind = "ip" if entity.ip is not None else "user and client-id"
+        raise QuotaConfigError(f"{where}: {key} = {value!r} is not a quota of {kind} entities "
+                               "(Kafka: Invalid configuration key)")
+    if quota_type.ip_only:
+        try:
+            return quota_type, float(validate_connection_creation_rate(value, entity.ip or ""))
+        except IpEntityError as exc:
+            raise QuotaConfigError(f"{where}: {exc}") from exc
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise QuotaConfigError(f"{where}: {key} = {value!r} is not a number")
     number = float(value)
@@ -45,15 +56,33 @@ def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType
     return quota_type, number
 
 
+#: The keys of a `[[quota]]` table that name its entity rather than a quota.
+ENTITY_KEYS = ("user", "client_id", "ip")
+
+
 def _entity(table: dict[str, Any], index: int) -> QuotaEntity:
     user = table.get("user")
     client_id = table.get("client_id")
-    for name, value in (("user", user), ("client_id", client_id)):
+    ip = table.get("ip")
+    for name, value in (("user", user), ("client_id", client_id), ("ip", ip)):
         if value is not None and (not isinstance(value, str) or not value):
             raise QuotaConfigError(f"quota #{index}: {name} = {value!r} must be a non-empty string")
+    if ip is not None:
+        if user is not None or client_id is not None:
+            raise QuotaConfigError(f"quota #{index}: ip = {ip!r} cannot be combined with user or client_id "
+                                   "(Kafka: an IP entity is not combined with User or ClientId)")
+        return QuotaEntity(None, None, ip_entity_name(ip, f"quota #{index}"))
     if user is None and client_id is None:
-        raise QuotaConfigError(f"quota #{index}: names neither a user nor a client_id")
+        raise QuotaConfigError(f"quota #{index}: names neither a user, a client_id nor an ip")
     return QuotaEntity(user, client_id)
+
+
+def ip_entity_name(name: str, where: str) -> str:
+    """The canonical name of an `ip` entity (an address, a CIDR prefix or <default>)."""
+    try:
+        return parse_ip_entity(name)
+    except IpEntityError as exc:
+        raise QuotaConfigError(f"{where}: {exc}") from exc
 
 
 def parse_quotas(data: dict[str, Any]) -> QuotaTable:
@@ -70,7 +99,7 @@ def parse_quotas(data: dict[str, Any]) -> QuotaTable:
             raise QuotaConfigError(f"quota for {entity.describe()} is given twice")
         values: dict[QuotaType, float] = {}
         for key, value in table.items():
-            if key in ("user", "client_id"):
+            if key in ENTITY_KEYS:
                 continue
             quota_type, number = validate_value(entity, key, value)
             values[quota_type] = number
@@ -86,4 +115,6 @@ def load_quota_file(path: Path) -> QuotaTable:
     return parse_quotas(data)
 
 
-__all__ = ["DEFAULT", "QuotaConfigError", "load_quota_file", "parse_quotas", "validate_value"]
+__all__ = [
+    "DEFAULT", "QuotaConfigError", "ip_entity_name", "load_quota_file", "parse_quotas", "validate_value",
+]

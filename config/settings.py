@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from protocol.frames import DEFAULT_MAX_REQUEST_BYTES
 from quotas.token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 
+from .client_addresses import CLIENT_ADDRESS_KEYS, ClientAddressSettings, parse_client_addresses
 from .common import Address, SettingsError, parse_address, parse_address_list
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class ProxySettings:
     upstream_tls: UpstreamTls | None = None
     #: The `[usage]` table (config/usage.py): usage events written to the cluster; None: none written.
     usage: UsageSettings | None = None
+    #: Connection-creation rates, per-IP overrides, the PROXY protocol (config/client_addresses.py).
+    client_addresses: ClientAddressSettings = field(default_factory=ClientAddressSettings)
 
     @property
     def node_base(self) -> int:
@@ -145,8 +148,11 @@ def load_settings(path: Path | None) -> ProxySettings:
         raise SettingsError(f"cannot read config file {path}: {exc}") from exc
     table = data.get("proxy", {})
     settings.quota_file = path
+    client_addresses: dict[str, object] = {}
     for key, value in table.items():
-        if key == "listen":
+        if key in CLIENT_ADDRESS_KEYS:
+            client_addresses[key] = value
+        elif key == "listen":
             settings.listen = parse_address(str(value), "proxy.listen")
         elif key == "upstream":
             text = ",".join(value) if isinstance(value, list) else str(value)
@@ -196,6 +202,7 @@ def load_settings(path: Path | None) -> ProxySettings:
             setattr(settings, key, value)
         else:
             raise SettingsError(f"unknown setting proxy.{key} in {path}")
+    settings.client_addresses = parse_client_addresses(client_addresses)
     if "fleet" in data:
         from .fleet import parse_fleet_table
 

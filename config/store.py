@@ -70,8 +70,10 @@ def _toml_number(value: float) -> str:
 def render(table: QuotaTable, header: str = "") -> str:
     """`[[quota]]` tables for a quota table, entities in a stable order."""
     lines = [header] if header else []
-    for entity in sorted(table, key=lambda e: (e.user or "", e.client_id or "")):
+    for entity in sorted(table, key=lambda e: (e.user or "", e.client_id or "", e.ip or "")):
         lines.append("[[quota]]")
+        if entity.ip is not None:
+            lines.append(f"ip = {_toml_string(entity.ip)}")
         if entity.user is not None:
             lines.append(f"user = {_toml_string(entity.user)}")
         if entity.client_id is not None:

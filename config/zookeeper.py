@@ -7,8 +7,11 @@ optional chroot (``/kafka`` ...), exactly as Kafka 3.x's ``AdminZkClient``/``ZkA
     /config/users/<user>                              user entity
     /config/users/<user>/clients/<client-id>          (user, client-id) entity
     /config/clients/<client-id>                       client-id entity
+    /config/ips/<ip>                                  ip entity (KIP-612), an address or <default>
     /config/changes/config_change_<seq>               change notifications for ZooKeeper-mode brokers
 
+An ip entity's node is named by the address as Kafka names it (not sanitized). A CIDR prefix, which Kafka
+does not have, writes its "/" as "%2F" (``ips/10.1.0.0%2F16``), since a znode name cannot hold a "/".
 Both user and client-id names are sanitized in paths (Kafka's ``Sanitizer``: percent-encoding of every
 UTF-8 byte outside ``[A-Za-z0-9._-]``); ``<default>`` names a default entity. Node data is
 ``{"version":1,"config":{"producer_byte_rate":"1024","request_percentage":"50.0"}}``: every value a
@@ -51,6 +54,7 @@ from kazoo.retry import KazooRetry
 
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity, desanitize, sanitize
+from quotas.ip_entities import parse_ip_entity
 from quotas.types import QUOTA_KEYS, QuotaType
 
 from .quotas import QuotaConfigError, validate_value
@@ -105,6 +109,8 @@ def _path_name(name: str) -> str:
 
 def entity_path(entity: QuotaEntity) -> str:
     """Kafka's sanitized entity path under /config: ``users/alice/clients/app``, ``clients/<default>``."""
+    if entity.ip is not None:
+        return f"ips/{entity.ip.replace('/', '%2F')}"
     if entity.user is not None and entity.client_id is not None:
         return f"users/{_path_name(entity.user)}/clients/{_path_name(entity.client_id)}"
     if entity.user is not None:
@@ -127,6 +133,8 @@ def entity_for_path(path: str) -> QuotaEntity:
         return QuotaEntity(_entity_name(parts[1]), _entity_name(parts[3]))
     if len(parts) == 2 and parts[0] == "clients":
         return QuotaEntity(None, _entity_name(parts[1]))
+    if len(parts) == 2 and parts[0] == "ips":
+        return QuotaEntity(None, None, parse_ip_entity(_entity_name(parts[1])))
     raise ValueError(f"{path!r} is not a quota entity path")
 
 
@@ -185,7 +193,7 @@ def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[Q
     """The quotas kthrottle enforces from one node's config, validated the way the quota file is.
 
     Keys that are no quota (SCRAM credentials) are skipped silently; every quota key Kafka stores for
-    users and client-ids is enforced (``controller_mutation_rate`` included). Raises QuotaConfigError
+    users, client-ids and ips is enforced (``controller_mutation_rate`` included). Raises QuotaConfigError
     naming the entity, key and value for anything invalid.
     """
     values: dict[QuotaType, float] = {}
@@ -472,6 +480,8 @@ class ZooKeeperQuotas:
             user_reads[user] = client.get_children_async(f"{root}/users/{user}", watch=watch)
         for client_id in self._children(client, f"{root}/clients"):
             data_reads[f"clients/{client_id}"] = client.get_async(f"{root}/clients/{client_id}", watch=watch)
+        for ip in self._children(client, f"{root}/ips"):
+            data_reads[f"ips/{ip}"] = client.get_async(f"{root}/ips/{ip}", watch=watch)
         client_lists: dict[str, IAsyncResult] = {}
         for user, result in user_reads.items():
             try:

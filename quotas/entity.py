@@ -50,12 +50,17 @@ class QuotaEntity(NamedTuple):
     """A configured entity: `user` / `client_id` are a name, DEFAULT, or None (not part of it).
 
     `user` holds the principal's plain name (not sanitized); sanitizing is for storage paths.
+    `ip` is KIP-612's client-address entity (an address, a CIDR prefix, or DEFAULT), which Kafka
+    keeps apart: an entity with an `ip` has neither user nor client-id.
     """
 
     user: str | None
     client_id: str | None
+    ip: str | None = None
 
     def describe(self) -> str:
+        if self.ip is not None:
+            return f"ip={self.ip}"
         parts = []
         if self.user is not None:
             parts.append(f"user={self.user}")

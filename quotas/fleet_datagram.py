@@ -83,6 +83,7 @@ _QUOTA_CODES: dict[QuotaType, int] = {
     QuotaType.REQUEST: 2,
     QuotaType.CONTROLLER_MUTATION: 3,
     QuotaType.PRODUCER_IDS: 4,
+    QuotaType.CONNECTION_CREATION: 5,
 }
 _QUOTAS_BY_CODE: dict[int, QuotaType] = {code: quota for quota, code in _QUOTA_CODES.items()}
 _QUOTA_CODES_BY_NAME: dict[str, int] = {quota.name: code for quota, code in _QUOTA_CODES.items()}

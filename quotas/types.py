@@ -13,16 +13,23 @@ class QuotaType(Enum):
     REQUEST = "request_percentage"
     CONTROLLER_MUTATION = "controller_mutation_rate"
     PRODUCER_IDS = "producer_ids_rate"
+    #: KIP-612: new connections per second from one client address (`ip` entities only)
+    CONNECTION_CREATION = "connection_creation_rate"
 
     @property
     def integral(self) -> bool:
         """Byte rates are whole numbers in Kafka; the others are doubles."""
-        return self in (QuotaType.PRODUCE, QuotaType.FETCH)
+        return self in (QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.CONNECTION_CREATION)
 
     @property
     def user_only(self) -> bool:
         """The KIP-936 draft defines producer-id quotas per user principal only."""
         return self is QuotaType.PRODUCER_IDS
+
+    @property
+    def ip_only(self) -> bool:
+        """KIP-612: `connection_creation_rate` is the one key of an `ip` entity, and only of it."""
+        return self is QuotaType.CONNECTION_CREATION
 
     @property
     def metric_type(self) -> str:
@@ -33,7 +40,11 @@ class QuotaType(Enum):
             QuotaType.REQUEST: "Request",
             QuotaType.CONTROLLER_MUTATION: "ControllerMutation",
             QuotaType.PRODUCER_IDS: "ProducerIds",
+            QuotaType.CONNECTION_CREATION: "ConnectionCreation",
         }[self]
 
 
 QUOTA_KEYS: dict[str, QuotaType] = {t.value: t for t in QuotaType}
+
+#: The keys of (user, client-id) entities: every key but the `ip` entity's.
+CLIENT_QUOTA_TYPES: tuple[QuotaType, ...] = tuple(t for t in QuotaType if not t.ip_only)

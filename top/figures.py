@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quotas.types import QuotaType
 
-#: The rate gauge of each quota type, as proxy/observability/metrics.py exports them (`quota` label = QuotaType.value).
+#: The rate gauge of each quota type, as proxy/observability/metrics.py exports them (`quota` label =
+#: QuotaType.value).
 RATE_FAMILIES: dict[str, str] = {
     QuotaType.PRODUCE.value: "kthrottle_produce_byte_rate_bytes_per_second",
     QuotaType.FETCH.value: "kthrottle_fetch_byte_rate_bytes_per_second",

@@ -127,7 +127,8 @@ PRODUCE_RATE = "kthrottle_produce_byte_rate_bytes_per_second"
 FETCH_RATE = "kthrottle_fetch_byte_rate_bytes_per_second"
 #: Kafka's Errors.ILLEGAL_SASL_STATE.
 ILLEGAL_SASL_STATE = 34
-#: What the proxy's summary of suppressed log lines says (proxy/observability/logs.py), with one earlier line's text.
+#: What the proxy's summary of suppressed log lines says (proxy/observability/logs.py), with one
+#: earlier line's text.
 SUMMARY = "more line(s) like this"
 #: librdkafka's in-flight bytes for the quota runs: its default (4 MB, 1 MB requests) would be a 10 s
 #: throttle per request at 100 kB/s and 40 s of draining after a run.

@@ -348,7 +348,16 @@ def test_validate_only_plans_nothing() -> None:
             (QuotaOp("producer_byte_rate", 1.0, False),),
             "duplicate entity entry",
         ),
-        ((("ip", "1.2.3.4"),), (QuotaOp("connection_creation_rate", 1.0, False),), "ip quotas"),
+        # KIP-612 ip entities: their own key only, valid addresses or prefixes, never combined
+        ((("ip", "1.2.3.4"),), (QuotaOp("producer_byte_rate", 1.0, False),), "not a quota of ip entities"),
+        ((("user", "v"),), (QuotaOp("connection_creation_rate", 1.0, False),), "Invalid configuration key"),
+        ((("ip", "10.1.2.0/33"),), (QuotaOp("connection_creation_rate", 1.0, False),), "not a valid IP"),
+        ((("ip", "10.1.2.3/24"),), (QuotaOp("connection_creation_rate", 1.0, False),), "10.1.2.3/24"),
+        ((("ip", "kafka.example"),), (QuotaOp("connection_creation_rate", 1.0, False),), "kafka.example"),
+        ((("ip", "1.2.3.4"), ("user", "u")), (QuotaOp("connection_creation_rate", 1.0, False),),
+         "IP entity should not be combined"),
+        ((("ip", "1.2.3.4"),), (QuotaOp("connection_creation_rate", 2.5, False),), "fractional"),
+        ((("ip", None),), (QuotaOp("connection_creation_rate", 0.0, False),), "greater than 0"),
         ((), (QuotaOp("producer_byte_rate", 1.0, False),), "Invalid empty client quota entity"),
         (
             (("user", "v"),),

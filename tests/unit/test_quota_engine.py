@@ -260,7 +260,8 @@ def test_recent_traffic_keeps_a_bucket() -> None:
 
 
 def test_reading_metrics_does_not_keep_an_idle_bucket_alive() -> None:
-    """A Prometheus scrape measures every bucket (proxy/observability/metrics.py); only traffic counts as activity.
+    """A Prometheus scrape measures every bucket (proxy/observability/metrics.py); only traffic counts
+    as activity.
 
     Kafka expires a sensor by its last *record*; measuring must not make an idle client look active.
     """
