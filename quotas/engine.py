@@ -11,6 +11,10 @@ bucket's own rate plus its peers' latest ones; the proxy's exchange reads `local
 `take_new_producer_ids` for its reports and feeds what peers report into the PeerUsage and
 `learn_producer_ids`. Without a fleet none of that costs anything.
 
+KIP-612's connection quotas (`connections`: connection_quotas.py) live beside the client quotas:
+`set_quotas` hands them the `ip` entities, and their IP buckets travel in the same fleet reports
+(quota type CONNECTION_CREATION, keyed ("", bucket)), so N proxies hold one IP quota.
+
 With usage events on (`usage`: quotas/usage.py), every charge is also counted per (user,
 client-id), with or without a quota, and every throttle under the quota key that decided it.
 Without them that costs one attribute test per charge.
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .connection_quotas import ConnectionQuotas
 from .controller_mutation import CONTROLLER_QUOTA_WINDOW, ControllerMutationQuotaManager, MutationVerdict
 from .entity import BucketKey, QuotaEntity
 from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
@@ -105,6 +110,8 @@ class QuotaEngine:
         self.default_partitions = 1
         self.producer_ids = ProducerIdTracker(config.pid_window.window_ms, config.pid_filter_capacity,
                                               config.pid_false_positive_rate, config.pid_max_users)
+        #: KIP-612: connection-creation rates and open connections per client address
+        self.connections = ConnectionQuotas(window, max_buckets=cap)
         self.table: QuotaTable = {}
         self._expiry_turn = 0
         #: the fleet's merged peer usage (None: a lone proxy)
@@ -115,12 +122,16 @@ class QuotaEngine:
         self.usage: UsageAccount | None = None
 
     def set_quotas(self, table: QuotaTable) -> None:
-        """Apply a new configuration; buckets whose key is unchanged keep their history."""
-        self.table = {entity: dict(values) for entity, values in table.items()}
+        """Apply a new configuration; buckets whose key is unchanged keep their history. The `ip`
+        entities go to the connection quotas (every live IP bucket takes its new bound at once)."""
+        self.table = {entity: dict(values) for entity, values in table.items() if entity.ip is None}
         for quota_type, manager in self.all_managers().items():
-            manager.set_quotas({entity: values[quota_type] for entity, values in table.items()
+            manager.set_quotas({entity: values[quota_type] for entity, values in self.table.items()
                                 if quota_type in values
                                 and not (quota_type.user_only and entity.client_id is not None)})
+        self.connections.set_ip_quotas({entity.ip: values[QuotaType.CONNECTION_CREATION]
+                                        for entity, values in table.items()
+                                        if entity.ip is not None and QuotaType.CONNECTION_CREATION in values})
 
     def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
         """Every quota type's manager: `managers` and the controller mutation quota's."""
@@ -281,6 +292,8 @@ class QuotaEngine:
         self.fleet = peers
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
+        ip_view = peers.view(QuotaType.CONNECTION_CREATION)
+        self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms))
 
     def local_usage(self, now_ms: int, changed_only: bool = False) -> list[UsageEntry]:
         """Every live bucket's own rate, for a full report; `changed_only` for a delta report:
@@ -289,16 +302,28 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
-        return usage
+        return usage + self._ip_usage(now_ms)
+
+    def _ip_usage(self, now_ms: int, keys: Sequence[BucketKey] | None = None) -> list[UsageEntry]:
+        """The IP buckets' rates (all of them: their number is bounded, and peers' decisions need a
+        storm's rise at once); the delta tracker sends only those that moved."""
+        wanted = None if keys is None else {key.client_id for key in keys}
+        return [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
+                for bucket in self.connections.ip_usage(now_ms) if wanted is None or bucket.bucket in wanted]
 
     def full_listing(self) -> list[tuple[QuotaType, list[BucketKey]]]:
         """What a full report lists, per quota type, taken at once; the I/O layer measures it with
         `list_usage` a slice at a time, serving connections in between (measuring 10,000
         buckets in one go holds the event loop for tens of ms)."""
-        return [(quota_type, manager.begin_full_listing()) for quota_type, manager in self.managers.items()]
+        listing = [(quota_type, manager.begin_full_listing())
+                   for quota_type, manager in self.managers.items()]
+        ip_keys = [BucketKey("", bucket) for bucket in self.connections.buckets]
+        return [*listing, (QuotaType.CONNECTION_CREATION, ip_keys)]
 
     def list_usage(self, quota_type: QuotaType, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
         """Measure and list a slice of `full_listing`'s buckets."""
+        if quota_type is QuotaType.CONNECTION_CREATION:
+            return self._ip_usage(now_ms, keys)
         return self.managers[quota_type].list_usage(keys, now_ms)
 
     def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
@@ -340,7 +365,7 @@ class QuotaEngine:
             if budget <= 0:
                 return dropped
         self.producer_ids.expire(now_ms, budget)
-        return dropped
+        return dropped + self.connections.expire_idle(now_ms, budget)
 
     def bucket_counts(self) -> dict[QuotaType, int]:
         """Live buckets per quota type (dormant and overflow ones included)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass, field
+from typing import Protocol
 
 #: Descriptors kept free for everything that is not a client connection: listeners, the metrics
 #: server and its scrapes, ZooKeeper, upstream probes, log files.
@@ -38,19 +39,39 @@ def connections_for_descriptors(descriptor_limit: int) -> int:
     return max((descriptor_limit - RESERVED_DESCRIPTORS) // DESCRIPTORS_PER_CONNECTION, 1)
 
 
+class PerIpCounter(Protocol):
+    """Open connections per client address with their limits (`ConnectionQuotas.inc`/`dec`:
+    `max_connections_per_ip` and its overrides by address or CIDR prefix)."""
+
+    def inc(self, address: str) -> str | None: ...
+
+    def dec(self, address: str) -> None: ...
+
+
 @dataclass(slots=True)
 class ConnectionLimits:
-    """Counts open client connections, in total and per client address."""
+    """Counts open client connections, in total and per client address.
+
+    The per-address count is `per_ip_counter`'s when one is given (the proxy's connection quotas,
+    which know the overrides); otherwise a plain count against `max_connections_per_ip`.
+    """
 
     max_connections: int
     max_connections_per_ip: int | None = None
     total: int = 0
     per_ip: dict[str, int] = field(default_factory=dict)
+    per_ip_counter: PerIpCounter | None = None
 
     def admit(self, ip: str) -> str | None:
         """Count a new connection from `ip`; returns why it is refused (then nothing is counted)."""
         if self.total >= self.max_connections:
             return f"max_connections = {self.max_connections} reached"
+        if self.per_ip_counter is not None:
+            refused = self.per_ip_counter.inc(ip)
+            if refused is not None:
+                return refused
+            self.total += 1
+            return None
         count = self.per_ip.get(ip, 0)
         if self.max_connections_per_ip is not None and count >= self.max_connections_per_ip:
             return f"max_connections_per_ip = {self.max_connections_per_ip} reached for {ip}"
@@ -61,6 +82,9 @@ class ConnectionLimits:
     def release(self, ip: str) -> None:
         """A connection `admit` counted has closed."""
         self.total -= 1
+        if self.per_ip_counter is not None:
+            self.per_ip_counter.dec(ip)
+            return
         count = self.per_ip.get(ip, 0) - 1
         if count > 0:
             self.per_ip[ip] = count

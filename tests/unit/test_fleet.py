@@ -729,3 +729,32 @@ def test_a_senders_kept_names_give_the_same_datagrams_and_stay_bounded() -> None
     others = [UsageEntry(QuotaType.FETCH, f"other-{n}", "c", 1.0) for n in range(5)]
     encode_usage("f", 1, 1, 1_000, True, others, [], b"s" * 16, names=names)
     assert set(names.items) == {f"other-{n}" for n in range(5)} | {"c"}  # the old ones were dropped
+
+
+def test_ip_buckets_travel_in_the_fleet_reports_and_the_decision_adds_peers() -> None:
+    """KIP-612 through the fleet: two members, one ip quota of 2 connections a second (3 windows of
+    1 s, padded to 2 s at first: 4 connections at once); each member's IP bucket is in its usage
+    (full and by slices) and the other's decision adds it, so the pair admits what one proxy would."""
+    window = WindowConfig(3, 1000)
+    members = []
+    for sender in (1, 2):
+        engine = QuotaEngine(EngineConfig(window=window))
+        engine.set_quotas({QuotaEntity(None, None, "10.0.0.0/24"): {QuotaType.CONNECTION_CREATION: 2.0},
+                           CLIENT: {P: QUOTA}})
+        peers = PeerUsage(window.history_ms, own_sender=sender)
+        engine.attach_fleet(peers)
+        members.append((engine, peers))
+    (a, _), (b, b_peers) = members
+    assert a.table == {CLIENT: {P: QUOTA}}  # ip entities are the connection quotas'
+    accepted_a = [a.connections.check_ip("L", f"10.0.0.{i}", 0).accepted for i in range(3)]
+    assert accepted_a == [True, True, True]
+    usage = [e for e in a.local_usage(0) if e.quota is QuotaType.CONNECTION_CREATION]
+    assert [(e.user, e.client_id) for e in usage] == [("", "10.0.0.0/24")] and usage[0].rate > 0
+    listing = dict(a.full_listing())[QuotaType.CONNECTION_CREATION]
+    assert a.list_usage(QuotaType.CONNECTION_CREATION, listing, 0) == usage
+    b_peers.accept(UsageReport(FLEET, 1, 1, NOW, False, tuple(usage), ()), 0)
+    accepted_b = [b.connections.check_ip("L", "10.0.0.9", 0).accepted for _ in range(4)]
+    assert accepted_b == [True, False, False, False]  # 3 + 1 = the 4 one proxy admits at once
+    alone = QuotaEngine(EngineConfig(window=window))
+    alone.set_quotas({QuotaEntity(None, None, "10.0.0.0/24"): {QuotaType.CONNECTION_CREATION: 2.0}})
+    assert [alone.connections.check_ip("L", "10.0.0.1", 0).accepted for _ in range(5)] == [True] * 4 + [False]
