@@ -112,7 +112,10 @@ class QuotaEngine:
                                               config.pid_false_positive_rate, config.pid_max_users)
         #: KIP-612: connection-creation rates and open connections per client address
         self.connections = ConnectionQuotas(window, max_buckets=cap)
+        #: the (user, client-id) entities in force: what the client quota managers enforce
         self.table: QuotaTable = {}
+        #: every entity in force, `ip` ones included: what the admin API describes and changes
+        self.configured: QuotaTable = {}
         self._expiry_turn = 0
         #: the fleet's merged peer usage (None: a lone proxy)
         self.fleet: PeerUsage | None = None
@@ -124,7 +127,8 @@ class QuotaEngine:
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history. The `ip`
         entities go to the connection quotas (every live IP bucket takes its new bound at once)."""
-        self.table = {entity: dict(values) for entity, values in table.items() if entity.ip is None}
+        self.configured = {entity: dict(values) for entity, values in table.items()}
+        self.table = {entity: values for entity, values in self.configured.items() if entity.ip is None}
         for quota_type, manager in self.all_managers().items():
             manager.set_quotas({entity: values[quota_type] for entity, values in self.table.items()
                                 if quota_type in values

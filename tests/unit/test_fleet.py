@@ -746,6 +746,7 @@ def test_ip_buckets_travel_in_the_fleet_reports_and_the_decision_adds_peers() ->
         members.append((engine, peers))
     (a, _), (b, b_peers) = members
     assert a.table == {CLIENT: {P: QUOTA}}  # ip entities are the connection quotas'
+    assert len(a.configured) == 2  # ... and the admin API still describes them
     accepted_a = [a.connections.check_ip("L", f"10.0.0.{i}", 0).accepted for i in range(3)]
     assert accepted_a == [True, True, True]
     usage = [e for e in a.local_usage(0) if e.quota is QuotaType.CONNECTION_CREATION]
