@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .addresses import needs_rewrite
 from .actions import Action, BrokersSeen, ToClient
+from .addresses import needs_rewrite
 from .apis import ApiKey
 from .broker_array import Address, Advertise
 from .fetch_stream import FetchStream, node_endpoints_slack
