@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "quotas", "config", "proxy", "cli", "top", "harness", "reports", "bench",
             "spark_tests", "tests")
 
-#: The runtime's own modules, directly in proxy/: listeners, one client connection, its ordered writer,
-#: TLS contexts, and the narrow interface between listeners and sessions.
-PROXY_RUNTIME = {"__init__", "server", "session", "session_context", "ordered_writer", "tls"}
-PROXY_SUBPACKAGES = {"admin", "fleet", "limits", "observability", "upstream"}
+#: The runtime's own modules, directly in proxy/: listeners and their accept loops, one client
+#: connection, its ordered writer, TLS contexts, and the narrow interface between listeners and sessions.
+PROXY_RUNTIME = {"__init__", "server", "acceptor", "session", "session_context", "ordered_writer", "tls"}
+PROXY_SUBPACKAGES = {"admin", "client_address", "fleet", "limits", "observability", "upstream"}
 
 #: What the pure packages may import besides each other and the standard library.
 PURE_ALLOWED = {"kafka", "cryptography"}
