@@ -28,25 +28,9 @@ RUN_ARGS ?= --config deploy/quotas.toml --metrics-port 9300 --demo
 run: $(STAMP) kafka
 	$(VENV)/bin/kthrottle run $(or $(ARGS),$(RUN_ARGS))
 
-# Debian's docker-compose only parses docker-compose.yml for a test; no Docker engine is needed.
-# Debian's prometheus gives `promtool` (checks and unit-tests deploy/prometheus/alerts.yml) and the
-# server that tests/integration/test_alerts.py runs on a free port. The package would start (and
-# enable) a system service on :9090, the port the compose stack publishes: a policy-rc.d that says
-# 101 keeps it from starting (containers ship one already, and have no init system anyway), and
-# where systemd runs, the service is disabled.
+# Debian's docker-compose, prometheus and haproxy, which the tests run (see the script).
 tools:
-	@command -v docker-compose >/dev/null 2>&1 || { \
-	  echo "installing Debian's docker-compose (the compose test parses docker-compose.yml with it)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; }
-	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { \
-	  echo "installing Debian's prometheus (promtool tests the alert rules, a test runs the server)"; \
-	  apt-get update -qq || exit 1; \
-	  own_policy=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1; fi; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; status=$$?; \
-	  if [ -n "$$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi; \
-	  if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
-	  exit $$status; }
+	bash harness/install_tools.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,209 @@
+"""Kafka's Acceptor, for one listening socket: what happens to a connection before a session serves it.
+
+In the order of Kafka's `Acceptor.accept` and `ConnectionQuotas.inc`, and before a byte of the
+connection is read or a TLS handshake starts (a storm against a TLS listener costs no handshakes):
+
+1. accept, then wait out the connection-creation rates (`max_connection_creation_rate` for the
+   proxy, `listener_max_connection_creation_rate` for this listener): the accept loop pauses, at
+   most one quota window, and nothing is refused;
+2. on a listener with `proxy_protocol`, take the client's address from the PROXY header, only from a
+   trusted load balancer (anything else is closed, with the reason logged);
+3. the client address's `connection_creation_rate` (KIP-612): a connection over it is accepted but
+   never served, and closed when its throttle ends (Kafka's DelayedCloseSocket); it is un-recorded,
+   so a client that backs off is not charged twice;
+4. `max_connections` and the per-IP counts (`max_connections_per_ip` and its overrides): refused
+   at once with a clean close;
+5. the session (`ClientSession`) takes the socket.
+
+The arithmetic is `quotas.connection_quotas` (pure); this module only waits, reads and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from config.settings import ProxySettings
+from protocol.proxy_header import ProxyHeaderError
+from quotas.connection_quotas import ConnectionQuotas
+
+from .client_address.proxy_header import client_from_header, read_proxy_header
+from .limits.admission import ConnectionLimits
+from .observability.connection_metrics import ConnectionMetrics
+
+log = logging.getLogger("kthrottle.acceptor")
+
+Address = tuple[str, int]
+
+#: Backoff after accept() itself fails (out of descriptors, ENOBUFS): as Kafka's acceptor, log and
+#: go on, without spinning on a listener that cannot accept.
+ACCEPT_ERROR_BACKOFF_S = 0.1
+
+
+def listener_name(node_id: int | None) -> str:
+    """The listener's name in metrics and in `listener_max_connection_creation_rate`'s accounting."""
+    return "bootstrap" if node_id is None else f"broker-{node_id}"
+
+
+class AcceptorContext(Protocol):
+    """What the acceptors share (`ProxyServer` provides it)."""
+
+    settings: ProxySettings
+    limits: ConnectionLimits
+    connection_quotas: ConnectionQuotas
+    connection_metrics: ConnectionMetrics
+    background: set[asyncio.Task[None]]
+
+
+class DelayedClose:
+    """Connections throttled by their address's quota, each closed when its throttle ends.
+
+    They hold a descriptor each while they wait (at most one quota window), so they are bounded:
+    past `limit` a throttled connection is closed at once (still counted as throttled).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[int, tuple[socket.socket, asyncio.TimerHandle]] = {}
+
+    def hold(self, sock: socket.socket, delay_ms: int) -> None:
+        if len(self._held) >= self.limit:
+            sock.close()
+            return
+        key = id(sock)
+        handle = asyncio.get_running_loop().call_later(delay_ms / 1000.0, self._close, key)
+        self._held[key] = (sock, handle)
+
+    def _close(self, key: int) -> None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            held[0].close()
+
+    def close_all(self) -> None:
+        for sock, handle in self._held.values():
+            handle.cancel()
+            sock.close()
+        self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class Acceptor:
+    """The accept loop of one listening socket."""
+
+    def __init__(self, context: AcceptorContext, node_id: int | None, sock: socket.socket,
+                 new_session: Callable[[Address], asyncio.Protocol], delayed: DelayedClose) -> None:
+        self.context = context
+        self.listener = listener_name(node_id)
+        self.sock = sock
+        self._new_session = new_session
+        self._delayed = delayed
+        client_addresses = context.settings.client_addresses
+        self._proxy_versions = client_addresses.proxy_protocol
+        self._trusts = client_addresses.trusts
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"acceptor-{self.listener}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        quotas = self.context.connection_quotas
+        metrics = self.context.connection_metrics
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(self.sock)
+            except OSError as exc:
+                metrics.accept_errors.inc()
+                log.warning("listener %s: accept failed (%s); retrying in %g s", self.listener, exc,
+                            ACCEPT_ERROR_BACKOFF_S)
+                await asyncio.sleep(ACCEPT_ERROR_BACKOFF_S)
+                continue
+            conn.setblocking(False)
+            delay_ms, reason = quotas.accept_delay(self.listener, _now_ms())
+            if delay_ms > 0:
+                metrics.accept_delayed(self.listener, reason, delay_ms)
+                await asyncio.sleep(delay_ms / 1000.0)
+            try:
+                self._accepted(conn, (str(peer[0]), int(peer[1])))
+            except Exception:  # a bug must cost this connection, never the listener
+                log.exception("listener %s: a connection from %s failed before its session",
+                              self.listener, peer)
+                conn.close()
+
+    def _accepted(self, conn: socket.socket, peer: Address) -> None:
+        if not self._proxy_versions:
+            self._admit(conn, peer, peer)
+            return
+        if not self._trusts(peer[0]):
+            self.context.connection_metrics.refused("proxy_header")
+            log.warning("listener %s: refused a connection from %s:%d: it is not in proxy_protocol_trusted, "
+                        "so a PROXY header from it cannot be believed", self.listener, *peer)
+            conn.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._read_header(conn, peer))
+        self.context.background.add(task)
+        task.add_done_callback(self.context.background.discard)
+
+    async def _read_header(self, conn: socket.socket, peer: Address) -> None:
+        timeout_s = self.context.settings.connection_setup_timeout_ms / 1000.0
+        try:
+            header = await read_proxy_header(conn, self._proxy_versions, timeout_s)
+        except (ProxyHeaderError, OSError) as exc:
+            self.context.connection_metrics.refused("proxy_header")
+            log.warning("listener %s: closed a connection from %s:%d: %s", self.listener, *peer, exc)
+            conn.close()
+            return
+        self._admit(conn, client_from_header(header, peer), peer)
+
+    def _admit(self, conn: socket.socket, client: Address, peer: Address) -> None:
+        """Steps 3 to 5 for the connection's client address."""
+        context = self.context
+        metrics = context.connection_metrics
+        ip = client[0]
+        decision = context.connection_quotas.check_ip(self.listener, ip, _now_ms())
+        if not decision.accepted:
+            metrics.throttled("ip_quota", self.listener)
+            log.debug("listener %s: %s:%d over its connection_creation_rate %g/s (%s): closed in %d ms",
+                      self.listener, *client, decision.bound, decision.bucket, decision.throttle_ms)
+            self._delayed.hold(conn, decision.throttle_ms)
+            return
+        refused = context.limits.admit(ip)
+        if refused is not None:
+            metrics.refused(refused.partition(" ")[0])
+            log.warning("refused a connection from %s:%d%s: %s", *client,
+                        "" if client == peer else f" (through {peer[0]}:{peer[1]})", refused)
+            conn.close()
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._serve(conn, client))
+        context.background.add(task)
+        task.add_done_callback(context.background.discard)
+
+    async def _serve(self, conn: socket.socket, client: Address) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: self._new_session(client), conn)
+        except Exception as exc:
+            self.context.limits.release(client[0])
+            log.warning("listener %s: the connection from %s:%d could not be served: %s", self.listener,
+                        *client, exc)
+            conn.close()
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+__all__ = ["Acceptor", "AcceptorContext", "DelayedClose", "listener_name"]
