@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from config.common import BindError
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
 from proxy.observability.logs import RepeatSummary
 from proxy.observability.logs import install as install_log_summary
@@ -180,7 +181,11 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         try:
             await endpoint.start(None, settings.metrics_port)  # every interface, as before
         except OSError as exc:
-            raise SettingsError(f"cannot serve metrics on port {settings.metrics_port}: {exc}") from exc
+            from proxy.fleet.workers import worker_index
+
+            index = worker_index()
+            setting = f"metrics_port + {index}, for worker {index}" if index else "metrics_port"
+            raise BindError(("0.0.0.0", settings.metrics_port), setting, exc) from exc
         print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
               "(health: /healthz, /ready)", flush=True)
     await server.start()
@@ -241,12 +246,25 @@ def _tune_malloc() -> None:
     libc.mallopt(m_top_pad, 64 * 1024 * 1024)
 
 
+def _fatal(exc: Exception) -> None:
+    """The one line saying why `run` stops at start: to the supervisor in a worker of
+    `run --workers N` (it prints it once for all workers), else to stderr."""
+    from proxy.fleet.workers import report_fatal
+
+    if not report_fatal(str(exc)):
+        print(f"kthrottle: {exc}", file=sys.stderr, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 after SIGINT/SIGTERM, 2 for a setting refused, 3 for a port that cannot be
+    bound (proxy/fleet/workers.py: SETTINGS_ERROR_EXIT, BIND_ERROR_EXIT)."""
+    from proxy.fleet.workers import BIND_ERROR_EXIT, SETTINGS_ERROR_EXIT
+
     try:
         settings = _settings_from_args(args)
     except SettingsError as exc:
-        print(f"kthrottle: {exc}", file=sys.stderr)
-        return 2
+        _fatal(exc)
+        return SETTINGS_ERROR_EXIT
     with contextlib.ExitStack() as stack:
         note = None
         if not settings.upstream:
@@ -265,8 +283,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             uvloop.run(serve(settings, note, demo=args.demo))
         except SettingsError as exc:
-            print(f"kthrottle: {exc}", file=sys.stderr)
-            return 2
+            _fatal(exc)
+            return SETTINGS_ERROR_EXIT
+        except BindError as exc:
+            _fatal(exc)
+            return BIND_ERROR_EXIT
     return 0
 
 

@@ -4,7 +4,9 @@ its parser. A module of its own, so the `[proxy]` settings and the tables they c
 
 from __future__ import annotations
 
-__all__ = ["Address", "SettingsError", "parse_address", "parse_address_list"]
+import os
+
+__all__ = ["Address", "BindError", "SettingsError", "parse_address", "parse_address_list"]
 
 
 class SettingsError(ValueError):
@@ -12,6 +14,20 @@ class SettingsError(ValueError):
 
 
 Address = tuple[str, int]
+
+
+class BindError(Exception):
+    """A port a setting names cannot be bound: another process holds it, or the host is not this
+    machine's. One line like a broker's ("Socket server failed to bind to 127.0.0.1:9092: Address
+    already in use"), plus the setting to change, since the proxy binds several ports."""
+
+    def __init__(self, address: Address, setting: str, error: OSError) -> None:
+        host, port = address
+        reason = os.strerror(error.errno) if error.errno else str(error) or type(error).__name__
+        shown = f"[{host}]" if ":" in host else host
+        super().__init__(f"failed to bind to {shown}:{port} ({setting}): {reason}")
+        self.address = address
+        self.setting = setting
 
 
 def parse_address(text: str, what: str) -> Address:

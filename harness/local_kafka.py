@@ -57,6 +57,17 @@ __all__ = [
     "ensure_kafka_jars", "java_executable", "kafka_classpath",
 ]
 
+#: Heap of each broker JVM of the embedded cluster (`make run`, `kthrottle local-kafka`, LocalKafka()):
+#: 1 GiB, what Kafka's own bin/kafka-server-start.sh gives a broker (-Xmx1G -Xms1G). 384 MiB ran out
+#: (OutOfMemoryError) under librdkafka's test suite, which creates thousands of topics: every
+#: partition's log, index and metadata-image objects live on the heap. Three brokers take 3 GiB of the
+#: 24 GiB, 2-core machine this is sized for. The collector stays Serial (see `_launch`): with three JVMs
+#: on two cores, G1's concurrent threads would compete with the brokers' own.
+DEFAULT_HEAP_MB = 1024
+#: The test suite's own cluster (conftest.py) and the tests' extra clusters: tens of topics, and
+#: 3 x 384 MiB leaves room for the JVM tools, Spark and the proxies the tests start beside it.
+TEST_HEAP_MB = 384
+
 _START_ATTEMPTS = 2
 _CDS_DUMP_WAIT_S = 60.0
 _ERROR_LINES = 8
@@ -126,7 +137,8 @@ class LocalKafka:
 
     ``workdir``: keep configs, data and logs there after ``stop`` (for debugging); each ``start`` wipes the
     ``node-*`` directories in it and formats a new cluster. Without it a temporary directory is used and
-    deleted. ``heap_mb`` is the heap of each broker JVM.
+    deleted. ``heap_mb`` is the heap of each broker JVM (``DEFAULT_HEAP_MB``, 1 GiB, unless given; the
+    test suite gives ``TEST_HEAP_MB``).
 
     ``telemetry`` loads the harness's client-telemetry recorder (``harness.telemetry``) into every broker,
     so they offer KIP-714's GetTelemetrySubscriptions and PushTelemetry and record each push they receive
@@ -138,7 +150,7 @@ class LocalKafka:
         brokers: int = 3,
         sasl: bool = False,
         workdir: Path | None = None,
-        heap_mb: int = 384,
+        heap_mb: int = DEFAULT_HEAP_MB,
         tls: bool = False,
         telemetry: bool = False,
     ) -> None:

@@ -14,11 +14,11 @@ import threading
 from . import telemetry
 from .broker_config import SASL_USERS
 from .kafka_jars import KAFKA_VERSION
-from .local_kafka import LocalKafka
+from .local_kafka import DEFAULT_HEAP_MB, LocalKafka
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run a local cluster in the foreground until SIGINT/SIGTERM (``kthrottle local-kafka``)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``kthrottle local-kafka``."""
     parser = argparse.ArgumentParser(
         prog="kthrottle local-kafka",
         description=f"Run a local Apache Kafka {KAFKA_VERSION} KRaft cluster on 127.0.0.1 until interrupted.",
@@ -30,9 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--telemetry", action="store_true",
                         help="record client telemetry (KIP-714) pushes, with a subscription to every metric "
                              f"each {telemetry.PUSH_INTERVAL_MS} ms")
-    parser.add_argument("--heap-mb", type=int, default=384, help="JVM heap per node in MiB (default: 384)")
+    parser.add_argument("--heap-mb", type=int, default=DEFAULT_HEAP_MB,
+                        help=f"JVM heap per node in MiB (default: {DEFAULT_HEAP_MB}, Kafka's own default; "
+                             "enough for thousands of topics, as librdkafka's test suite creates)")
     parser.add_argument("--timeout", type=float, default=120.0, help="startup timeout in seconds")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a local cluster in the foreground until SIGINT/SIGTERM (``kthrottle local-kafka``)."""
+    args = build_parser().parse_args(argv)
 
     stop = threading.Event()
     interrupt_startup = [True]  # a signal during start() aborts it (start() kills what it launched), once

@@ -13,6 +13,7 @@ import logging
 import socket
 import ssl
 
+from config.common import BindError
 from config.settings import Address, ProxySettings, SettingsError
 from protocol.errors import ProtocolError
 from protocol.topic_names import TopicNames
@@ -71,7 +72,8 @@ class ProxyServer:
         self.metrics.queued_request_bytes.set_function(lambda: self.memory.used)
         self.metrics.memory_waiting.set_function(lambda: self.memory.waiting)
         self.health = UpstreamHealth(self._probe_candidates,
-                                     on_change=lambda up: self.metrics.upstream_up.set(1 if up else 0))
+                                     on_change=lambda up: self.metrics.upstream_up.set(1 if up else 0),
+                                     tls=self.upstream_tls_context)
         #: answers the admin quota APIs; `run` gives it the quota store
         self.quota_admin = QuotaAdminService(settings, None, lambda: self.engine.table,
                                              self.engine.set_quotas)
@@ -124,14 +126,15 @@ class ProxyServer:
         host, port = self._listeners[None].getsockname()[:2]
         return self.settings.advertised if host in ("0.0.0.0", "::") else host, port
 
-    def learn(self, addresses: dict[int, Address]) -> None:
+    def learn(self, addresses: dict[int, Address], at_start: bool = False) -> None:
         for node in self.directory.learn(addresses):
-            self._open_node_listener(node)
+            self._open_node_listener(node, at_start)
 
     # -- listeners ------------------------------------------------------------------------------
 
-    def _bind(self, port: int) -> socket.socket:
-        """Bind and listen synchronously, so a client that learns the port can connect at once."""
+    def _bind(self, port: int, setting: str) -> socket.socket:
+        """Bind and listen synchronously, so a client that learns the port can connect at once.
+        BindError names the address and the `setting` that chose the port."""
         host = self.settings.listen[0]
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -140,19 +143,24 @@ class ProxyServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, port))
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            raise BindError((host, port), setting, exc) from exc
         sock.listen(512)
         sock.setblocking(False)
         return sock
 
-    def _open_node_listener(self, node_id: int) -> None:
+    def _open_node_listener(self, node_id: int, at_start: bool = False) -> None:
+        """At start a port that cannot be bound stops the proxy (BindError), as a broker stops;
+        later (a broker joined) it is logged and the running proxy serves the other brokers."""
         if node_id in self._listeners:
             return
         try:
-            sock = self._bind(self.settings.node_port(node_id))
-        except (OSError, SettingsError) as exc:
+            sock = self._bind(self.settings.node_port(node_id),
+                              f"node_port_base + {node_id}, for broker {node_id}")
+        except (BindError, SettingsError) as exc:
+            if at_start and isinstance(exc, BindError):
+                raise
             log.error("cannot open the listener for broker %d: %s", node_id, exc)
             return
         self._listeners[node_id] = sock
@@ -163,7 +171,7 @@ class ProxyServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        sock = self._bind(self.settings.listen[1])
+        sock = self._bind(self.settings.listen[1], "listen")
         self._listeners[None] = sock
         self._serving.append(loop.create_task(
             loop.create_server(lambda: ClientSession(self, None), sock=sock)))
@@ -177,7 +185,7 @@ class ProxyServer:
                 log.info("broker discovery skipped (%s); brokers are learned from client metadata",
                          describe_error(exc, 5))
             else:
-                self.learn(brokers)
+                self.learn(brokers, at_start=True)
         await asyncio.gather(*self._serving)
         self._probing = loop.create_task(self.health.run())
         log.info("bootstrap listener on %s:%d%s, upstream %s%s", *self.bootstrap_address,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from config.fleet import FleetSettings, check_name
 from config.settings import Address, ProxySettings, SettingsError
 from proxy.upstream.discovery import fetch_metadata
+from proxy.upstream.one_request import UpstreamError
 
 from .exchange import FleetExchange, FleetMetrics
 from .membership import Membership, StaticMembership, ZooKeeperMembership
@@ -34,8 +35,10 @@ async def fetch_cluster_id(upstream: list[Address], tls: ssl.SSLContext | None =
             if metadata.cluster_id:
                 return str(metadata.cluster_id)
             errors.append(f"{host}:{port}: no cluster id")
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+        except UpstreamError as exc:  # its text names the address and what happened
+            errors.append(str(exc))
+        except ValueError as exc:
+            errors.append(f"{host}:{port}: {exc}")
     raise ConnectionError("; ".join(errors))
 
 

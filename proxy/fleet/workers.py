@@ -16,11 +16,18 @@ The parent only supervises: it restarts a worker that dies, after a back-off tha
 RESTART_BACKOFF_S up to RESTART_BACKOFF_MAX_S (reset once the worker has run for STABLE_AFTER_S),
 logs each death and restart, forwards SIGHUP (quota file reload), and on SIGINT/SIGTERM stops
 every worker. Worker i serves metrics on metrics_port + i.
+
+A worker that cannot start for a reason a restart would not change (a setting refused:
+SETTINGS_ERROR_EXIT; a port it cannot bind: BIND_ERROR_EXIT) hands its one line to the parent
+through a pipe (`report_fatal`) instead of printing it; when that happens within FATAL_WITHIN_S of
+the worker's first start, the parent stops every worker and prints that line once, exiting with
+the worker's code, as a single `kthrottle run` would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -54,18 +61,33 @@ FATAL_WITHIN_S = 15.0
 STOP_TIMEOUT_S = 15.0
 #: The exit code `kthrottle run` uses for a setting it refuses.
 SETTINGS_ERROR_EXIT = 2
+#: The exit code `kthrottle run` uses when a port it must serve cannot be bound at start: `listen`,
+#: `metrics_port` (+ the worker index), or `node_port_base` + N for a broker found at start. Another
+#: process holds the port, or the host is not this machine's: retrying does not help, the holder
+#: must go or the setting must change. Its one line (config.common.BindError) names the address
+#: and the setting. Not 1 (Python's code for an uncaught exception) nor 2 (a refused setting).
+BIND_ERROR_EXIT = 3
+#: Exit codes after which the parent stops instead of restarting (within FATAL_WITHIN_S).
+FATAL_EXITS = {SETTINGS_ERROR_EXIT: "a setting it refused", BIND_ERROR_EXIT: "a port it cannot bind"}
 #: The loopback fleet's name (nothing else shares its random secret).
 LOOPBACK_FLEET_NAME = "kthrottle-workers"
 _POLL_S = 0.1
+#: In a worker: its index, and the pipe on which `report_fatal` hands its parent the one line.
+_worker_index: int | None = None
+_report_fd: int | None = None
 
 
 def configure_worker(settings: ProxySettings) -> int | None:
     """In a worker: shared listeners, metrics port + index, the fleet. None outside a worker."""
+    global _worker_index, _report_fd
     spec = os.environ.pop(WORKER_ENV, None)  # not passed on to anything this process starts
     if spec is None:
         return None
     info = json.loads(spec)
     index = int(info["index"])
+    _worker_index = index
+    if info.get("report_fd") is not None:
+        _report_fd = int(info["report_fd"])
     addresses = [(str(host), int(port)) for host, port in info["udp"]]
     settings.reuse_port = True
     if settings.metrics_port:
@@ -86,6 +108,24 @@ def configure_worker(settings: ProxySettings) -> int | None:
     return index
 
 
+def worker_index() -> int | None:
+    """This process's index among the workers of `run --workers N`; None outside a worker."""
+    return _worker_index
+
+
+def report_fatal(line: str) -> bool:
+    """In a worker: hand the parent the one line that says why this worker exits at start; the
+    parent prints it once for the whole fleet (the other workers may fail the same way). False
+    outside a worker, or when the pipe is gone: the caller prints the line itself."""
+    if _report_fd is None:
+        return False
+    try:
+        os.write(_report_fd, line.encode(errors="replace")[:4096])
+    except OSError:
+        return False
+    return True
+
+
 @dataclass
 class _Worker:
     index: int
@@ -95,6 +135,20 @@ class _Worker:
     backoff: float = RESTART_BACKOFF_S
     start_at: float = 0.0
     restarts: int = 0
+    report: int | None = None  # the read end of the worker's report pipe (see report_fatal)
+
+    def reported(self) -> str:
+        """What the worker reported before it exited ('' when nothing), the pipe closed after."""
+        if self.report is None:
+            return ""
+        chunks = []
+        os.set_blocking(self.report, False)
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self.report, 4096):
+                chunks.append(chunk)
+        os.close(self.report)
+        self.report = None
+        return b"".join(chunks).decode(errors="replace").strip()
 
 
 def _command(args: argparse.Namespace, settings: ProxySettings, index: int) -> list[str]:
@@ -125,6 +179,7 @@ class Supervisor:
         self.workers = [_Worker(index) for index in range(count)]
         self.stopping = False
         self.fatal: str | None = None
+        self.fatal_code = SETTINGS_ERROR_EXIT
         self._sockets: list[socket.socket] = []
         self._env: dict[str, str] = {}
         self._udp: list[tuple[str, int]] = []
@@ -150,15 +205,23 @@ class Supervisor:
                      ", ".join(f"udp {h}:{p}" for h, p in self._udp))
 
     def _start(self, worker: _Worker) -> None:
-        info: dict[str, object] = {"index": worker.index, "udp": self._udp}
-        pass_fds: tuple[int, ...] = ()
+        report, report_end = os.pipe()
+        info: dict[str, object] = {"index": worker.index, "udp": self._udp, "report_fd": report_end}
+        pass_fds: tuple[int, ...] = (report_end,)
         if self._sockets:
             fd = self._sockets[worker.index].fileno()
             info["fd"] = fd
-            pass_fds = (fd,)
+            pass_fds += (fd,)
         env = {**os.environ, **self._env, WORKER_ENV: json.dumps(info)}
-        worker.process = subprocess.Popen(_command(self.args, self.settings, worker.index), env=env,
-                                          pass_fds=pass_fds)
+        try:
+            worker.process = subprocess.Popen(_command(self.args, self.settings, worker.index), env=env,
+                                              pass_fds=pass_fds)
+        except BaseException:
+            os.close(report)
+            raise
+        finally:
+            os.close(report_end)  # the worker holds it now: its exit closes the pipe
+        worker.report = report
         worker.started = time.monotonic()
         if not worker.first_started:
             worker.first_started = worker.started
@@ -178,14 +241,18 @@ class Supervisor:
         worker.process = None
         ran = now - worker.started
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        if code == SETTINGS_ERROR_EXIT and now - worker.first_started < FATAL_WITHIN_S:
-            self.fatal = f"worker {worker.index} {how} at start (a setting it refused: see its log)"
+        line = worker.reported()
+        if code in FATAL_EXITS and now - worker.first_started < FATAL_WITHIN_S:
+            if self.fatal is None:  # the first worker's words; the others usually failed the same way
+                self.fatal = line or (f"worker {worker.index} {how} at start "
+                                      f"({FATAL_EXITS[code]}: see its log)")
+                self.fatal_code = code
             return
         if ran >= STABLE_AFTER_S:
             worker.backoff = RESTART_BACKOFF_S
         worker.start_at = now + worker.backoff
-        log.error("worker %d (pid %d) %s after %.1f s; restarting it in %.1f s", worker.index, process.pid,
-                  how, ran, worker.backoff)
+        log.error("worker %d (pid %d) %s after %.1f s%s; restarting it in %.1f s", worker.index, process.pid,
+                  how, ran, f" ({line})" if line else "", worker.backoff)
         worker.backoff = min(2 * worker.backoff, RESTART_BACKOFF_MAX_S)
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -212,9 +279,11 @@ class Supervisor:
             self._stop_all()
             for sock in self._sockets:
                 sock.close()
+            for worker in self.workers:
+                worker.reported()  # closes the pipes
         if self.fatal is not None:
-            print(f"kthrottle: {self.fatal}", file=sys.stderr)
-            return SETTINGS_ERROR_EXIT
+            print(f"kthrottle: {self.fatal}", file=sys.stderr, flush=True)
+            return self.fatal_code
         return 0
 
     def _stop_all(self) -> None:

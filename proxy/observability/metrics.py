@@ -185,7 +185,7 @@ class ProxyMetrics:
         self.throttled = Counter("kthrottle_throttled_responses", "Responses the proxy throttled, per API",
                                  ["api"], registry=r)
         self.upstream_up = Gauge("kthrottle_upstream_up",
-                                 "1 while at least one upstream broker accepts connections, else 0",
+                                 "1 while at least one upstream broker answers ApiVersions, else 0",
                                  registry=r)
         self.refused = Counter("kthrottle_connections_refused",
                                "Client connections closed at once, by the limit they were over",

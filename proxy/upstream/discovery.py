@@ -6,7 +6,6 @@ listeners the proxy learns the brokers from the first Metadata response a client
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import struct
 import uuid
@@ -17,8 +16,8 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from config.common import Address
 from protocol.apis import ApiKey
-from protocol.frames import frame
-from protocol.headers import encode_request_header
+
+from .one_request import UpstreamError, describe_error, request_once
 
 #: Metadata v9 (first flexible version) is spoken by every Kafka since 2.4 and still by 4.x.
 _VERSION = 9
@@ -30,22 +29,14 @@ async def fetch_metadata(host: str, port: int, tls: ssl.SSLContext | None = None
                          client_id: str = "kthrottle-discovery", topics: Sequence[str] = ()) -> Any:
     """One Metadata v9 answer (no topics) from one upstream server, over TLS with `tls` (the
     broker's certificate checked against `host`, as for client connections); with `topics`, a v10
-    answer about them (their ids)."""
+    answer about them (their ids). Raises UpstreamError naming the address and what happened."""
     version = _TOPIC_ID_VERSION if topics else _VERSION
     Request = MetadataRequest[version]
     wanted = [Request.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name) for name in topics]
     body = Request(topics=wanted, allow_auto_topic_creation=False,
                    include_topic_authorized_operations=False).encode()
-    request = encode_request_header(ApiKey.METADATA, version, 1, client_id) + bytes(body)
-    connecting = (asyncio.open_connection(host, port, ssl=tls, server_hostname=host) if tls is not None
-                  else asyncio.open_connection(host, port))
-    reader, writer = await asyncio.wait_for(connecting, timeout)
-    try:
-        writer.write(frame(request))
-        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), timeout), "big")
-        response = await asyncio.wait_for(reader.readexactly(size), timeout)
-    finally:
-        writer.close()
+    response = await request_once(host, port, ApiKey.METADATA, version, bytes(body), tls=tls,
+                                  timeout_s=timeout, client_id=client_id)
     # Response header v1: correlation id and an empty tagged-field section.
     try:
         return MetadataResponse.decode(memoryview(response)[5:], version=version)
@@ -67,19 +58,27 @@ async def fetch_topic_ids(upstream: list[Address], topics: Sequence[str],
     for host, port in upstream:
         try:
             metadata = await fetch_metadata(host, port, tls, client_id="kthrottle-topic-ids", topics=topics)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+        except (OSError, ValueError) as exc:
+            errors.append(_failure(host, port, exc))
             continue
         return {topic.name: topic.topic_id.bytes for topic in metadata.topics
                 if topic.error_code == 0 and topic.topic_id is not None}
-    raise ConnectionError("; ".join(errors))
+    raise UpstreamError("; ".join(errors))
 
 
-async def discover_brokers(upstream: list[Address], tls: ssl.SSLContext | None = None) -> dict[int, Address]:
+async def discover_brokers(upstream: list[Address], tls: ssl.SSLContext | None = None,
+                           timeout: float = 5.0) -> dict[int, Address]:
+    """The brokers, from the first bootstrap server that answers Metadata; UpstreamError says why
+    none did, server by server."""
     errors = []
     for host, port in upstream:
         try:
-            return await fetch_brokers(host, port, tls)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
-    raise ConnectionError("; ".join(errors))
+            return await fetch_brokers(host, port, tls, timeout)
+        except (OSError, ValueError) as exc:
+            errors.append(_failure(host, port, exc))
+    raise UpstreamError("; ".join(errors))
+
+
+def _failure(host: str, port: int, exc: BaseException) -> str:
+    """One server's failure; UpstreamError's text already starts with the address."""
+    return str(exc) if isinstance(exc, UpstreamError) else f"{host}:{port}: {describe_error(exc, 0)}"

@@ -1,42 +1,51 @@
-"""Whether the cluster behind the proxy can be reached: `kthrottle_upstream_up` and `/ready`.
+"""Whether the cluster behind the proxy answers: `kthrottle_upstream_up` and `/ready`.
 
-A proxy whose upstream is unresolvable or refusing still accepts clients, so without this it
-would look healthy while every client connection failed. A probe opens a TCP connection to the
-known brokers and the bootstrap servers, one at a time, until one accepts; the state changes are
-logged once each (an error when the upstream goes away, a line when it is back), not per client.
+A proxy whose upstream is unresolvable, refusing or silent still accepts clients, so without this it
+would look healthy while every client connection failed. A probe asks the known brokers and the
+bootstrap servers, one at a time, for ApiVersions v0 until one answers within PROBE_TIMEOUT_S. A
+Kafka request, not only a TCP connection: a port that accepts connections and never answers (a hung
+broker, a load balancer with nothing behind it, another service) is down for every client too.
+ApiVersions v0 is answered by every broker since Kafka 0.10, before SASL authentication too (KIP-35),
+and over TLS when `[upstream_tls]` is set, like client connections. The state changes are logged
+once each (an error when the upstream goes away, a line when it is back), not per client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+import struct
 from collections.abc import Callable
 
+from kafka.protocol.metadata import ApiVersionsResponse
+
 from config.common import Address
+from protocol.apis import ApiKey
+
+from .one_request import UpstreamError, describe_error, request_once
+
+__all__ = ["PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "UpstreamHealth", "answers", "describe_error"]
 
 log = logging.getLogger("kthrottle.upstream")
 
-#: Time between probes, and how long one connection attempt may take.
+#: Time between probes, and how long one probe (connection, TLS handshake, ApiVersions answer) may take.
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 
 
-def describe_error(exc: BaseException, timeout_s: float) -> str:
-    """A reason that is never empty (a TimeoutError's text is '')."""
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout_s:g} s"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-async def reachable(address: Address, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """None when `address` accepts a TCP connection, else why not."""
+async def answers(address: Address, tls: ssl.SSLContext | None = None,
+                  timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when `address` answers ApiVersions v0 within `timeout_s`, else why not."""
     host, port = address
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, TimeoutError) as exc:
-        return f"{host}:{port}: {describe_error(exc, timeout_s)}"
-    writer.close()
+        answer = await request_once(host, port, ApiKey.API_VERSIONS, 0, b"", tls=tls, timeout_s=timeout_s,
+                                    client_id="kthrottle-health")
+        ApiVersionsResponse.decode(memoryview(answer)[4:], version=0)  # response header v0
+    except UpstreamError as exc:
+        return str(exc)
+    except (struct.error, IndexError, ValueError) as exc:  # kafka-python on bytes that are not the answer
+        return f"{host}:{port}: the answer to ApiVersions does not decode ({describe_error(exc, timeout_s)})"
     return None
 
 
@@ -44,18 +53,22 @@ class UpstreamHealth:
     """The latest probe's verdict, and the loop that keeps it fresh."""
 
     def __init__(self, candidates: Callable[[], list[Address]],
-                 on_change: Callable[[bool], None] | None = None) -> None:
+                 on_change: Callable[[bool], None] | None = None,
+                 tls: Callable[[], ssl.SSLContext | None] = lambda: None) -> None:
+        """`tls`: the current context for connections to brokers (None: plaintext), asked per probe
+        because certificate files rotate."""
         self._candidates = candidates
         self._on_change = on_change
+        self._tls = tls
         self.up: bool | None = None  # None until the first probe
         self.reason = "not probed yet"
 
     async def probe(self) -> bool:
         errors: list[str] = []
         for address in self._candidates():
-            error = await reachable(address)
+            error = await answers(address, self._tls())
             if error is None:
-                self._set(True, f"{address[0]}:{address[1]} accepts connections")
+                self._set(True, f"{address[0]}:{address[1]} answers ApiVersions")
                 return True
             errors.append(error)
         self._set(False, "; ".join(errors) or "no upstream address configured")

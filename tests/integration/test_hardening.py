@@ -225,7 +225,7 @@ def test_running_out_of_descriptors_refuses_clients_and_keeps_metrics(kafka_clus
 def test_health_endpoints_with_a_reachable_upstream(limited_proxy: QuotaProxy) -> None:
     assert http_get(limited_proxy.metrics_port, "/healthz") == (200, "ok\n")
     status, text = http_get(limited_proxy.metrics_port, "/ready")
-    assert status == 200 and "accepts connections" in text
+    assert status == 200 and "answers ApiVersions" in text
     assert limited_proxy.metric("kthrottle_upstream_up") == 1
 
 

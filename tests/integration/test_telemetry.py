@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harness import telemetry
-from harness.local_kafka import SASL_USERS, LocalKafka
+from harness.local_kafka import SASL_USERS, TEST_HEAP_MB, LocalKafka
 
 from .clients import recv_exact, topic_name
 from .conftest import _TOOLS_LOG4J2, JAVA_CONFIG_COMMAND, JAVA_CONSOLE_PRODUCER, QUOTA_SETTINGS, KafkaJava
@@ -58,7 +58,7 @@ REQUEST_THROTTLE_CAP_MS = 1000
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalKafka]:
     """One broker with the telemetry recorder and PLAINTEXT and SASL_PLAINTEXT listeners, subscribed."""
-    with LocalKafka(brokers=1, sasl=True, telemetry=True) as running:
+    with LocalKafka(brokers=1, sasl=True, telemetry=True, heap_mb=TEST_HEAP_MB) as running:
         running.subscribe_client_metrics("every-metric", interval_ms=telemetry.PUSH_INTERVAL_MS)
         yield running
 

@@ -1,0 +1,26 @@
+"""The embedded cluster's defaults (`make run`, `kthrottle local-kafka`): what the help text says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.local_kafka import DEFAULT_HEAP_MB, TEST_HEAP_MB, LocalKafka
+from harness.local_kafka_cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_brokers_get_kafkas_own_1_gib_heap_by_default() -> None:
+    """384 MiB ran out under librdkafka's test suite (thousands of topics)."""
+    assert DEFAULT_HEAP_MB == 1024
+    assert LocalKafka().heap_mb == DEFAULT_HEAP_MB  # what `make run` starts (cli.main: LocalKafka(brokers=3))
+    parser = build_parser()
+    assert parser.parse_args([]).heap_mb == DEFAULT_HEAP_MB  # `kthrottle local-kafka`
+    assert "(default: 1024," in " ".join(parser.format_help().split())
+    assert "DEFAULT_HEAP_MB" in (LocalKafka.__doc__ or "")
+
+
+def test_the_test_suites_cluster_keeps_its_smaller_heap() -> None:
+    assert TEST_HEAP_MB < DEFAULT_HEAP_MB
+    session_cluster = (REPO / "conftest.py").read_text()
+    assert "LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB)" in session_cluster
