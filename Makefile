@@ -55,6 +55,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.fleet
 	$(PY) -m bench.tls
 	$(PY) -m bench.fetch_stream
+	$(PY) -m bench.connections
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -176,6 +176,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         async def refresh() -> None:
             await server.metrics.quotas.refresh()
             server.partition_throttle_metrics.refresh()
+            server.connection_metrics.refresh()
 
         endpoint = HttpEndpoint(server.metrics.registry, refresh, server.ready)
         try:

@@ -21,9 +21,11 @@ from quotas.engine import EngineConfig, QuotaEngine
 from quotas.partition_throttle import PartitionThrottles
 from quotas.rate import WindowConfig
 
+from .acceptor import Acceptor, DelayedClose, listener_name
 from .admin.quota_admin import QuotaAdminService
 from .limits.admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .limits.memory_pool import RequestMemoryPool
+from .observability.connection_metrics import ConnectionMetrics
 from .observability.metrics import ProxyMetrics
 from .observability.partition_throttle_metrics import register_partition_throttle_metrics
 from .session import ClientSession
@@ -67,7 +69,19 @@ class ProxyServer:
             log.warning("max_connections = %d needs %d file descriptors, but the limit is %d: "
                         "new connections may fail once descriptors run out (raise ulimit -n)",
                         max_connections, max_connections * 2, descriptors)
-        self.limits = ConnectionLimits(max_connections, settings.max_connections_per_ip)
+        #: KIP-612 (quotas/connection_quotas.py): the engine holds them, so the fleet exchanges their
+        #: IP buckets; the acceptors (acceptor.py) ask them before a connection is served
+        self.connection_quotas = quotas = self.engine.connections
+        client_addresses = settings.client_addresses
+        quotas.set_broker_rate(client_addresses.max_connection_creation_rate)
+        quotas.set_max_connections_per_ip(settings.max_connections_per_ip,
+                                          client_addresses.max_connections_per_ip_overrides)
+        self.limits = ConnectionLimits(max_connections, per_ip_counter=quotas)
+        self.connection_metrics = ConnectionMetrics(self.metrics.registry, quotas, self.metrics.refused,
+                                                    settings.metrics_max_entities)
+        #: connections throttled by their address's quota, waiting to be closed (bounded like connections)
+        self._delayed_close = DelayedClose(max_connections)
+        self._acceptors: list[Acceptor] = []
         self.memory = RequestMemoryPool(settings.queued_max_request_bytes)
         self.metrics.queued_request_bytes.set_function(lambda: self.memory.used)
         self.metrics.memory_waiting.set_function(lambda: self.memory.waiting)
@@ -75,13 +89,12 @@ class ProxyServer:
                                      on_change=lambda up: self.metrics.upstream_up.set(1 if up else 0),
                                      tls=self.upstream_tls_context)
         #: answers the admin quota APIs; `run` gives it the quota store
-        self.quota_admin = QuotaAdminService(settings, None, lambda: self.engine.table,
+        self.quota_admin = QuotaAdminService(settings, None, lambda: self.engine.configured,
                                              self.engine.set_quotas)
         self.background: set[asyncio.Task[None]] = set()
         self.directory = BrokerDirectory()
         self.sessions: set[ClientSession] = set()
         self._listeners: dict[int | None, socket.socket] = {}
-        self._serving: list[asyncio.Task[asyncio.AbstractServer]] = []
         self._rotation = itertools.count()
         self._probing: asyncio.Task[None] | None = None
         #: TLS contexts for either side, kept current as their files rotate; None: plaintext both sides
@@ -164,17 +177,14 @@ class ProxyServer:
             log.error("cannot open the listener for broker %d: %s", node_id, exc)
             return
         self._listeners[node_id] = sock
-        loop = asyncio.get_running_loop()
-        self._serving.append(loop.create_task(
-            loop.create_server(lambda: ClientSession(self, node_id), sock=sock)))
+        self._serve(node_id, sock)
         log.info("broker %d is served on %s:%d", node_id, self.settings.advertised, sock.getsockname()[1])
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         sock = self._bind(self.settings.listen[1], "listen")
         self._listeners[None] = sock
-        self._serving.append(loop.create_task(
-            loop.create_server(lambda: ClientSession(self, None), sock=sock)))
+        self._serve(None, sock)
         reachable = await self.health.probe()
         if reachable:
             upstream_tls = self.tls.upstream if self.tls is not None else None
@@ -186,21 +196,27 @@ class ProxyServer:
                          describe_error(exc, 5))
             else:
                 self.learn(brokers, at_start=True)
-        await asyncio.gather(*self._serving)
         self._probing = loop.create_task(self.health.run())
         log.info("bootstrap listener on %s:%d%s, upstream %s%s", *self.bootstrap_address,
                  " (TLS)" if self.settings.tls is not None else "",
                  ",".join(f"{h}:{p}" for h, p in self.settings.upstream),
                  " (TLS)" if self.settings.upstream_tls is not None else "")
 
+    def _serve(self, node_id: int | None, sock: socket.socket) -> None:
+        """Start the listener's accept loop (acceptor.py) with its own connection-creation rate."""
+        self.connection_quotas.set_listener_rate(
+            listener_name(node_id), self.settings.client_addresses.listener_max_connection_creation_rate)
+        acceptor = Acceptor(self, node_id, sock, lambda client: ClientSession(self, node_id, client),
+                            self._delayed_close)
+        acceptor.start()
+        self._acceptors.append(acceptor)
+
     async def close(self) -> None:
         if self._probing is not None:
             self._probing.cancel()
-        servers = [server for server in await asyncio.gather(*self._serving, return_exceptions=True)
-                   if isinstance(server, asyncio.AbstractServer)]
-        for server in servers:
-            server.close()
+        await asyncio.gather(*(acceptor.stop() for acceptor in self._acceptors))
+        self._delayed_close.close_all()
+        for sock in self._listeners.values():
+            sock.close()
         for session in list(self.sessions):
             session.close("proxy shutting down", kind="shutdown", level=logging.INFO)
-        for server in servers:
-            await server.wait_closed()

@@ -77,7 +77,9 @@ class ClientSession(asyncio.Protocol):
 
     _ids = itertools.count(1)
 
-    def __init__(self, server: SessionContext, node_id: int | None) -> None:
+    def __init__(self, server: SessionContext, node_id: int | None, client: tuple[str, int]) -> None:
+        """`client` is the address the acceptor admitted the connection under (and counted in the
+        connection limits): the socket's peer, or the one a trusted PROXY header named."""
         self.server = server
         self.node_id = node_id
         self.id = next(self._ids)
@@ -95,16 +97,16 @@ class ClientSession(asyncio.Protocol):
         self._closing = False
         #: the client closed its side (as opposed to the proxy closing it for a reason)
         self._client_gone = False
-        self._peer = "?"
+        self._peer = f"[{client[0]}]:{client[1]}" if ":" in client[0] else f"{client[0]}:{client[1]}"
         #: why the client is not being read: "connecting", "backpressure", "throttle"
         self._read_blocks: set[str] = set()
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self._to_client = OrderedWriter()
         self._to_broker = OrderedWriter()
-        self._ip = "?"
-        #: counted by the connection limits (a refused connection never is)
-        self._admitted = False
+        self._ip = client[0]
+        #: counted by the connection limits (the acceptor admitted it; released once, when it ends)
+        self._admitted = True
         self._setup_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         #: last traffic either way (now_ms), for connections_max_idle_ms
@@ -119,17 +121,6 @@ class ClientSession(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
-        peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._ip = str(peer[0]) if peer else "?"
-        refused = self.server.limits.admit(self._ip)
-        if refused is not None:
-            self._closing = True
-            self.server.metrics.refused.labels(refused.partition(" ")[0]).inc()
-            log.warning("refused a connection from %s: %s", self._peer, refused)
-            transport.close()
-            return
-        self._admitted = True
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

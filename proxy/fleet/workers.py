@@ -90,6 +90,7 @@ def configure_worker(settings: ProxySettings) -> int | None:
         _report_fd = int(info["report_fd"])
     addresses = [(str(host), int(port)) for host, port in info["udp"]]
     settings.reuse_port = True
+    _share_connection_rates(settings, len(addresses))
     if settings.metrics_port:
         settings.metrics_port += index
     if info.get("fd") is not None:
@@ -124,6 +125,17 @@ def report_fatal(line: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def _share_connection_rates(settings: ProxySettings, workers: int) -> None:
+    """The proxy-wide and listener connection-creation rates are the whole proxy's: each of the
+    `workers` (which the kernel gives an even share of new connections) enforces its share, rounded
+    up. The per-IP rates need no share: their buckets travel in the fleet exchange."""
+    limits = settings.client_addresses
+    for key in ("max_connection_creation_rate", "listener_max_connection_creation_rate"):
+        rate = getattr(limits, key)
+        if rate is not None:
+            setattr(limits, key, -(-rate // workers))
 
 
 @dataclass
