@@ -145,6 +145,8 @@ class QuotaCollector(Collector):
         buckets = GaugeMetricFamily("kthrottle_quota_buckets",
                                     "Live quota buckets per quota type (bounded by max_quota_buckets)",
                                     labels=["quota"])
+        cap = GaugeMetricFamily("kthrottle_quota_buckets_max",
+                                "max_quota_buckets: live buckets a quota type may hold", labels=["quota"])
         overflow = CounterMetricFamily(
             "kthrottle_quota_bucket_overflow",
             "Charges to the shared overflow bucket because max_quota_buckets was reached", labels=["quota"])
@@ -155,11 +157,13 @@ class QuotaCollector(Collector):
             labels=["quota", "why"])
         for quota_type, manager in self.engine.all_managers().items():
             buckets.add_metric([quota_type.value], len(manager.buckets))
+            if manager.max_buckets is not None:
+                cap.add_metric([quota_type.value], manager.max_buckets)
             overflow.add_metric([quota_type.value], manager.overflow_charges)
             dropped.add_metric([quota_type.value, "expired"], manager.expired_buckets)
             dropped.add_metric([quota_type.value, "evicted"], manager.evicted_buckets)
         self._families = [*rates.values(), *fleet_rates.values(), tokens, limit, throttle_avg, throttle_max,
-                          throttle_total, throttles, buckets, overflow, dropped]
+                          throttle_total, throttles, buckets, cap, overflow, dropped]
 
 
 class ProxyMetrics:
