@@ -447,6 +447,30 @@ def test_alter_writes_what_kafka_wrote_and_a_second_instance_sees_it(
     assert writer.exists(f"{base}/clients/<default>") is None
 
 
+def test_ip_entities_in_kafkas_layout_read_and_written(
+    zookeeper: LocalZooKeeper, writer: KazooClient, chroot: str, sources: SourceFactory
+) -> None:
+    """KIP-612's /config/ips/<ip> and /config/ips/<default>, as Kafka's tools write them, plus a CIDR
+    prefix (kthrottle's, its "/" written %2F); an invalid ip node keeps nothing and names itself."""
+    conn = QuotaType.CONNECTION_CREATION
+    write_entity(writer, chroot, "ips/10.1.2.3", {"connection_creation_rate": "20"})
+    write_entity(writer, chroot, "ips/<default>", {"connection_creation_rate": "5"})
+    write_entity(writer, chroot, "ips/not-an-ip", {"connection_creation_rate": "5"})
+    admin, admin_rec = sources(zookeeper.connect_string, chroot)
+    expected = {QuotaEntity(None, None, "10.1.2.3"): {conn: 20.0},
+                QuotaEntity(None, None, DEFAULT): {conn: 5.0}}
+    assert admin_rec.latest == expected
+    _other, other_rec = sources(zookeeper.connect_string, chroot)
+    admin.alter({QuotaEntity(None, None, "10.2.0.0/16"): {conn: 50.0},
+                 QuotaEntity(None, None, "10.1.2.3"): {conn: None}})
+    other_rec.wait_for(lambda t: t == {QuotaEntity(None, None, "10.2.0.0/16"): {conn: 50.0},
+                                       QuotaEntity(None, None, DEFAULT): {conn: 5.0}},
+                       PATIENCE_S, "the ip alter on the other instance")
+    base = f"{chroot}/config"
+    assert node_config(writer, f"{base}/ips/10.2.0.0%2F16") == {"connection_creation_rate": "50"}
+    assert writer.exists(f"{base}/ips/10.1.2.3") is None
+
+
 def test_invalid_alter_writes_nothing(
     zookeeper: LocalZooKeeper, writer: KazooClient, chroot: str, sources: SourceFactory
 ) -> None:
