@@ -208,6 +208,7 @@ class ProxyServer:
             listener_name(node_id), self.settings.client_addresses.listener_max_connection_creation_rate)
         acceptor = Acceptor(self, node_id, sock, lambda client: ClientSession(self, node_id, client),
                             self._delayed_close)
+        self.connection_metrics.listener_started(acceptor.listener)
         acceptor.start()
         self._acceptors.append(acceptor)
 

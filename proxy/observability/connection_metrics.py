@@ -60,6 +60,14 @@ class ConnectionMetrics(Collector):
 
     # -- what the acceptors report --------------------------------------------------------------
 
+    def listener_started(self, listener: str) -> None:
+        """Export the listener's throttle series at 0 from the start (an alert on their increase
+        then sees the first throttle, and a dashboard has its series before any)."""
+        for reason in ("ip_quota", "listener_rate", "proxy_rate"):
+            self._throttled.labels(reason, listener)
+        for reason in ("listener_rate", "proxy_rate"):
+            self._delay.labels(reason, listener)
+
     def refused(self, reason: str) -> None:
         self._refused.labels(reason).inc()
 

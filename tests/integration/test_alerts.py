@@ -55,7 +55,8 @@ STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 
 CLIENT = "alerts"
 #: Client "alerts" gets every quota type a dashboard panel charts, small enough that ~30 KB throttle
-#: it; every user gets a producer-id quota (the idempotent producer's id is charged to it).
+#: it; every user gets a producer-id quota (the idempotent producer's id is charged to it); every
+#: address an ip quota it never reaches (so the per-ip series exist).
 QUOTAS = f"""\
 [[quota]]
 client_id = "{CLIENT}"
@@ -66,6 +67,10 @@ request_percentage = 50.0
 [[quota]]
 user = "<default>"
 producer_ids_rate = 1
+
+[[quota]]
+ip = "<default>"
+connection_creation_rate = 1000000
 """
 
 
@@ -79,7 +84,7 @@ class PrometheusServer:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail(INSTALL_HINT, pytrace=False)
-        self.port = free_port_block(1, start=40000)
+        self.port = free_port_block(1, start=26000)
         self.log_path = workdir / "prometheus.log"
         # Open for the server's whole life (closed in stop()), so no context manager.
         self._log = self.log_path.open("wb")
@@ -165,7 +170,7 @@ def _free_udp_port() -> int:
 
 def _start_proxy(upstream: str, config: Path, text: str) -> tuple[RunningProxy, int]:
     config.write_text(text)
-    metrics_port = free_port_block(1, start=40000)
+    metrics_port = free_port_block(1, start=26000)
     proxy = RunningProxy(upstream, extra_args=["--config", str(config), "--metrics-port", str(metrics_port)])
     return proxy, metrics_port
 

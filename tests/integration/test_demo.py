@@ -43,7 +43,7 @@ def produced_bytes(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def test_the_demo_is_throttled_and_costs_next_to_nothing(kafka_cluster: LocalKafka) -> None:
-    metrics_port = free_port_block(1, start=40000)
+    metrics_port = free_port_block(1, start=26000)
     args = ["--config", str(REPO / "deploy" / "quotas.toml"), "--metrics-port", str(metrics_port), "--demo"]
     with RunningProxy(kafka_cluster.bootstrap, extra_args=args) as running:
         wait_until(lambda: scrape(metrics_port).get(("kthrottle_throttles_total", DEMO), 0) > 0, 90,

@@ -90,7 +90,7 @@ class Member(RunningProxy):
                  peers: list[str] | None = None, fleet: str = "", workers: int = 1,
                  name: str | None = FLEET, upstream_tls: str = "") -> None:
         self.workers = workers
-        self.metrics_port = free_port_block(workers, start=40000)
+        self.metrics_port = free_port_block(workers, start=26000)
         self.udp_port = udp_port
         config = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
         text = f"[proxy]\n{QUOTA_SETTINGS}\n\n"
