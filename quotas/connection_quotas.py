@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .entity import DEFAULT
+from .fleet import URGENT_CHANGE_RATIO
 from .ip_entities import (
     IPAddress,
     IpEntityError,
@@ -109,6 +110,10 @@ class _IpBucket:
     #: the address of a per-address bucket (re-resolved when the quotas change); None for a
     #: prefix bucket and the overflow bucket
     address: IPAddress | None
+    #: in a fleet: the rate peers were last told, and the local rate above which it asks for an
+    #: urgent report (a storm bursts a window's worth at once on every member)
+    reported: float = 0.0
+    urgent_above: float = 0.0
 
 
 @dataclass(slots=True)
@@ -167,6 +172,8 @@ class ConnectionQuotas:
         self.evicted_buckets = 0
         self.expired_buckets = 0
         self.peers: PeerRate | None = None
+        self._on_urgent: Callable[[], None] | None = None
+        self._urgent_keys: set[str] = set()
         self._counts: dict[IPAddress, int] = {}
         self.max_connections_per_ip: int | None = None
         self._max_overrides: PrefixTable[int] = PrefixTable()
@@ -282,6 +289,8 @@ class ConnectionQuotas:
         rate.record(1.0, now_ms)
         observed, window_ms = rate.measure_with_window(now_ms)
         if self.peers is not None:
+            if self._on_urgent is not None and observed > bucket.urgent_above:
+                self._ask_urgent(key, bucket)
             observed += self.peers(key, now_ms)
         throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
         if throttle <= 0:
@@ -304,13 +313,15 @@ class ConnectionQuotas:
         elif (configured or self.max_buckets is None or len(buckets) < self.max_buckets
               or self._make_room(now_ms)):
             bucket = buckets[key] = _IpBucket(WindowedRate(self.window), bound,
-                                              ip if key == str(ip) else None)
+                                              ip if key == str(ip) else None,
+                                              urgent_above=URGENT_CHANGE_RATIO * bound)
         else:
             self.overflow_charges += 1
             key = OVERFLOW_KEY
             bucket = buckets.get(key)
             if bucket is None:
-                bucket = buckets[key] = _IpBucket(WindowedRate(self.window), bound, None)
+                bucket = buckets[key] = _IpBucket(WindowedRate(self.window), bound, None,
+                                                  urgent_above=URGENT_CHANGE_RATIO * bound)
             else:
                 buckets.move_to_end(key)
         bucket.bound = bound
@@ -385,19 +396,41 @@ class ConnectionQuotas:
         bucket = None if found is None else self.buckets.get(found.bucket)
         return 0.0 if bucket is None else bucket.rate.measure(now_ms)
 
-    def attach_peers(self, peer_rate: PeerRate | None) -> None:
-        """Decide on local + peers' rates from now on (None: alone again)."""
+    def attach_peers(self, peer_rate: PeerRate | None, on_urgent: Callable[[], None] | None = None) -> None:
+        """Decide on local + peers' rates from now on (None: alone again). `on_urgent` (no I/O) is
+        called once a bucket's own rate rose by URGENT_CHANGE_RATIO of its bound since peers were
+        told: the fleet then sends `urgent_ip_usage` at once, as for the client quotas' buckets."""
         self.peers = peer_rate
+        self._on_urgent = on_urgent if peer_rate is not None else None
+        self._urgent_keys = set()
 
-    def ip_usage(self, now_ms: int) -> list[IpBucketUsage]:
-        """Every charged IP bucket's absolute windowed count and rate (buckets no entity leads to
-        are left out: peers drop them as they age)."""
+    def _ask_urgent(self, key: str, bucket: _IpBucket) -> None:
+        bucket.urgent_above = math.inf  # listed soon: that resets it
+        first = not self._urgent_keys
+        self._urgent_keys.add(key)
+        if first and self._on_urgent is not None:
+            self._on_urgent()
+
+    def ip_usage(self, now_ms: int, keys: set[str] | None = None) -> list[IpBucketUsage]:
+        """Every charged IP bucket's absolute windowed count and rate, or those of `keys` (buckets
+        no entity leads to are left out: peers drop them as they age). What is listed counts as
+        told to peers."""
         out: list[IpBucketUsage] = []
         for key, bucket in self.buckets.items():
-            if bucket.bound is None:
+            if bucket.bound is None or (keys is not None and key not in keys):
                 continue
-            out.append(IpBucketUsage(key, bucket.rate.total(now_ms), bucket.rate.measure(now_ms)))
+            rate = bucket.rate.measure(now_ms)
+            bucket.reported = rate
+            bucket.urgent_above = rate + URGENT_CHANGE_RATIO * bucket.bound
+            out.append(IpBucketUsage(key, bucket.rate.total(now_ms), rate))
+        if keys is None:
+            self._urgent_keys = set()
         return out
+
+    def urgent_ip_usage(self, now_ms: int) -> list[IpBucketUsage]:
+        """The buckets that asked for an urgent report since they were last listed."""
+        keys, self._urgent_keys = self._urgent_keys, set()
+        return self.ip_usage(now_ms, keys) if keys else []
 
     @property
     def live_buckets(self) -> int:

@@ -297,7 +297,7 @@ class QuotaEngine:
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
         ip_view = peers.view(QuotaType.CONNECTION_CREATION)
-        self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms))
+        self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms), on_urgent)
 
     def local_usage(self, now_ms: int, changed_only: bool = False) -> list[UsageEntry]:
         """Every live bucket's own rate, for a full report; `changed_only` for a delta report:
@@ -313,7 +313,7 @@ class QuotaEngine:
         storm's rise at once); the delta tracker sends only those that moved."""
         wanted = None if keys is None else {key.client_id for key in keys}
         return [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
-                for bucket in self.connections.ip_usage(now_ms) if wanted is None or bucket.bucket in wanted]
+                for bucket in self.connections.ip_usage(now_ms, wanted)]
 
     def full_listing(self) -> list[tuple[QuotaType, list[BucketKey]]]:
         """What a full report lists, per quota type, taken at once; the I/O layer measures it with
@@ -335,7 +335,8 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.urgent_usage(now_ms)
-        return usage
+        return usage + [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
+                        for bucket in self.connections.urgent_ip_usage(now_ms)]
 
     def take_new_producer_ids(self) -> list[tuple[str, int]]:
         """(user, producer id) first seen here since the last call, for peers to learn."""
