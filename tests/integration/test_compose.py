@@ -52,7 +52,8 @@ REQUIRED_ON_DASHBOARD = {
 
 DASH = "dash"
 #: Quotas of the live run: 1000 B/s for client "dash" (so ~200 KB must throttle it) and a
-#: producer-id quota for every user (so the idempotent producer's id is charged).
+#: producer-id quota for every user (so the idempotent producer's id is charged), an ip quota never
+#: reached for every address (so the per-ip series exist).
 LIVE_QUOTAS = f"""\
 [[quota]]
 client_id = "{DASH}"
@@ -63,6 +64,10 @@ request_percentage = 1.0
 [[quota]]
 user = "<default>"
 producer_ids_rate = 1
+
+[[quota]]
+ip = "<default>"
+connection_creation_rate = 1000000
 """
 
 
