@@ -24,7 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quotas.ip_entities import IpEntityError, parse_ip_entity, parse_max_connections_per_ip_overrides
+from quotas.ip_entities import (
+    IpEntityError,
+    normalize_address,
+    parse_ip_entity,
+    parse_max_connections_per_ip_overrides,
+)
 
 from .common import SettingsError
 
@@ -56,11 +61,9 @@ class ClientAddressSettings:
     def trusts(self, address: str) -> bool:
         """Whether a peer may send a PROXY header (IPv4-mapped IPv6 peers count as IPv4)."""
         try:
-            ip = ipaddress.ip_address(address.split("%", 1)[0])
-        except ValueError:
+            ip = normalize_address(address)
+        except IpEntityError:
             return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
         return any(ip.version == net.version and ip in net for net in self.proxy_protocol_trusted)
 
 

@@ -174,6 +174,8 @@ class ConnectionQuotas:
         self.peers: PeerRate | None = None
         self._on_urgent: Callable[[], None] | None = None
         self._urgent_keys: set[str] = set()
+        #: buckets charged since the last delta listing (`take_charged`)
+        self._charged: set[str] = set()
         self._counts: dict[IPAddress, int] = {}
         self.max_connections_per_ip: int | None = None
         self._max_overrides: PrefixTable[int] = PrefixTable()
@@ -289,6 +291,7 @@ class ConnectionQuotas:
         rate.record(1.0, now_ms)
         observed, window_ms = rate.measure_with_window(now_ms)
         if self.peers is not None:
+            self._charged.add(key)
             if self._on_urgent is not None and observed > bucket.urgent_above:
                 self._ask_urgent(key, bucket)
             observed += self.peers(key, now_ms)
@@ -426,6 +429,11 @@ class ConnectionQuotas:
         if keys is None:
             self._urgent_keys = set()
         return out
+
+    def take_charged(self) -> set[str]:
+        """The buckets charged since the previous call (in a fleet): what a delta report lists."""
+        charged, self._charged = self._charged, set()
+        return charged
 
     def urgent_ip_usage(self, now_ms: int) -> list[IpBucketUsage]:
         """The buckets that asked for an urgent report since they were last listed."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .connection_quotas import ConnectionQuotas
+from .connection_quotas import ConnectionQuotas, IpBucketUsage
 from .controller_mutation import CONTROLLER_QUOTA_WINDOW, ControllerMutationQuotaManager, MutationVerdict
 from .entity import BucketKey, QuotaEntity
 from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
@@ -306,14 +306,14 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
-        return usage + self._ip_usage(now_ms)
+        charged = self.connections.take_charged() if changed_only else None
+        return usage + self._ip_buckets(self.connections.ip_usage(now_ms, charged))
 
-    def _ip_usage(self, now_ms: int, keys: Sequence[BucketKey] | None = None) -> list[UsageEntry]:
-        """The IP buckets' rates (all of them: their number is bounded, and peers' decisions need a
-        storm's rise at once); the delta tracker sends only those that moved."""
-        wanted = None if keys is None else {key.client_id for key in keys}
+    @staticmethod
+    def _ip_buckets(buckets: Sequence[IpBucketUsage]) -> list[UsageEntry]:
+        """IP buckets as fleet entries: quota type CONNECTION_CREATION, keyed ("", bucket)."""
         return [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
-                for bucket in self.connections.ip_usage(now_ms, wanted)]
+                for bucket in buckets]
 
     def full_listing(self) -> list[tuple[QuotaType, list[BucketKey]]]:
         """What a full report lists, per quota type, taken at once; the I/O layer measures it with
@@ -327,7 +327,7 @@ class QuotaEngine:
     def list_usage(self, quota_type: QuotaType, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
         """Measure and list a slice of `full_listing`'s buckets."""
         if quota_type is QuotaType.CONNECTION_CREATION:
-            return self._ip_usage(now_ms, keys)
+            return self._ip_buckets(self.connections.ip_usage(now_ms, {key.client_id for key in keys}))
         return self.managers[quota_type].list_usage(keys, now_ms)
 
     def urgent_usage(self, now_ms: int) -> list[UsageEntry]:
@@ -335,8 +335,7 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.urgent_usage(now_ms)
-        return usage + [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
-                        for bucket in self.connections.urgent_ip_usage(now_ms)]
+        return usage + self._ip_buckets(self.connections.urgent_ip_usage(now_ms))
 
     def take_new_producer_ids(self) -> list[tuple[str, int]]:
         """(user, producer id) first seen here since the last call, for peers to learn."""

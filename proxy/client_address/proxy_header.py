@@ -10,7 +10,6 @@ for bytes, within a deadline.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 
 from protocol.proxy_header import (
@@ -20,6 +19,7 @@ from protocol.proxy_header import (
     ProxyHeaderError,
     ProxyHeaderReader,
 )
+from quotas.ip_entities import normalize_address
 
 #: The most bytes a header can take: a peek never asks for more.
 MAX_HEADER_BYTES = max(MAX_V1_LENGTH, MAX_V2_LENGTH)
@@ -79,10 +79,7 @@ def client_from_header(header: ProxyHeader, peer: tuple[str, int]) -> tuple[str,
     if header.command != "PROXY" or header.source is None:
         return peer
     host, port = header.source
-    address = ipaddress.ip_address(host)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        host = str(address.ipv4_mapped)
-    return host, port
+    return str(normalize_address(host)), port
 
 
 __all__ = ["ProxyHeaderTimeout", "client_from_header", "read_proxy_header"]

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotas.engine import EngineConfig, QuotaEngine
-from quotas.entity import QuotaEntity
+from quotas.entity import DEFAULT, QuotaEntity
 from quotas.fleet import (
     DEFAULT_STALE_AFTER_MS,
     MAX_CLOCK_SKEW_MS,
@@ -788,3 +788,20 @@ def test_an_ip_bucket_rising_by_a_twentieth_of_its_bound_asks_once_for_an_urgent
     assert asked == [1]
     engine.connections.check_ip("L", "10.0.0.7", 0)
     assert asked == [1, 1]
+
+
+def test_a_delta_report_lists_only_the_ip_buckets_charged_since_the_last_one() -> None:
+    """A storm from many addresses leaves many IP buckets; a delta report every 100 ms measures only
+    those charged since the previous one (a full report lists them all, by slices)."""
+    window = WindowConfig(11, 1000)
+    engine = QuotaEngine(EngineConfig(window=window))
+    engine.set_quotas({QuotaEntity(None, None, DEFAULT): {QuotaType.CONNECTION_CREATION: 20.0}})
+    engine.attach_fleet(PeerUsage(window.history_ms, own_sender=1))
+    for i in range(50):
+        engine.connections.check_ip("L", f"10.0.1.{i}", 0)
+    ips = [e for e in engine.local_usage(0, changed_only=True) if e.quota is QuotaType.CONNECTION_CREATION]
+    assert len(ips) == 50
+    engine.connections.check_ip("L", "10.0.1.7", 100)
+    ips = [e for e in engine.local_usage(100, changed_only=True) if e.quota is QuotaType.CONNECTION_CREATION]
+    assert [e.client_id for e in ips] == ["10.0.1.7"]
+    assert len([e for e in engine.local_usage(100) if e.quota is QuotaType.CONNECTION_CREATION]) == 50
