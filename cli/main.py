@@ -177,6 +177,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
             await server.metrics.quotas.refresh()
             server.partition_throttle_metrics.refresh()
             server.connection_metrics.refresh()
+            if server.capacity_metrics is not None:
+                server.capacity_metrics.refresh(int(time.monotonic() * 1000))
 
         endpoint = HttpEndpoint(server.metrics.registry, refresh, server.ready)
         try:

@@ -18,6 +18,8 @@ from .client_addresses import CLIENT_ADDRESS_KEYS, ClientAddressSettings, parse_
 from .common import Address, SettingsError, parse_address, parse_address_list
 
 if TYPE_CHECKING:
+    from quotas.capacity import CapacityConfig
+
     from .fleet import FleetSettings
     from .tls import ListenerTls, UpstreamTls
     from .usage import UsageSettings
@@ -100,6 +102,8 @@ class ProxySettings:
     usage: UsageSettings | None = None
     #: Connection-creation rates, per-IP overrides, the PROXY protocol (config/client_addresses.py).
     client_addresses: ClientAddressSettings = field(default_factory=ClientAddressSettings)
+    #: The `[capacity]` table (config/capacity.py): cluster capacity shared by `share`; None: none.
+    capacity: CapacityConfig | None = None
 
     @property
     def node_base(self) -> int:
@@ -214,6 +218,10 @@ def load_settings(path: Path | None) -> ProxySettings:
             settings.tls = parse_tls_table(data["tls"], path)
         if "upstream_tls" in data:
             settings.upstream_tls = parse_upstream_tls_table(data["upstream_tls"], path)
+    if "capacity" in data:
+        from .capacity import parse_capacity_table
+
+        settings.capacity = parse_capacity_table(data["capacity"])
     if "usage" in data:
         from .usage import parse_usage_table
 

@@ -51,6 +51,7 @@ from .headers import (
     REQUEST_API_BYTES,
     check_request_api,
     parse_request_header,
+    response_body_offset,
     response_correlation_id,
 )
 from .in_flight import InFlight, take_local_responses
@@ -60,7 +61,7 @@ from .passthrough import Passthrough
 from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
-from .skim import produce_acks
+from .skim import produce_acks, produce_response_errors
 from .throttling import throttle_stream_head
 from .topic_names import TopicNames, learn_metadata_topics
 
@@ -85,6 +86,14 @@ ThrottleMode = Literal["mute", "delay"]
 #: Called once per answered request: (api key, request bytes, response bytes, latency ms).
 ExchangeObserver = Callable[[int, int, int, float], None]
 
+#: Called with the broker's health as each Produce and data-carrying Fetch response shows it:
+#: (api key, latency ms, the Produce response's partition error codes). Adaptive capacity only.
+HealthObserver = Callable[[int, float, list[int]], None]
+
+#: A Fetch response shorter than this carried no records: it waited out its max_wait_ms, which
+#: says nothing about the broker's health.
+HEALTH_FETCH_MIN_BYTES = 1024
+
 
 class ProxyConnection:
     """Drives one client connection and its upstream broker connection."""
@@ -94,8 +103,9 @@ class ProxyConnection:
                  throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None,
                  known_brokers: Callable[[], Mapping[int, Address]] | None = None,
                  partition_throttles: PartitionThrottlePolicy | None = None,
-                 topic_names: TopicNames | None = None) -> None:
+                 topic_names: TopicNames | None = None, health: HealthObserver | None = None) -> None:
         self.name = name
+        self.health = health
         #: KIP-73 partition throttles (fetch_partitions.py) and the topic names they are
         #: configured by, learned from Metadata responses (Fetch v13+ names topics by id)
         self._partition_throttles = partition_throttles if topic_names is not None else None
@@ -330,6 +340,22 @@ class ProxyConnection:
         brokers = self._known_brokers() if self._known_brokers is not None else None
         self._passthrough = Passthrough(entry, size, head, self._advertise, brokers, actions)
 
+    def _note_health(self, entry: InFlight, frame: bytes) -> None:
+        """Tell the health observer what this response says of its broker (see HealthObserver)."""
+        assert self.health is not None
+        latency = self._now_ms - entry.sent_ms
+        if entry.api_key == ApiKey.FETCH:
+            if len(frame) >= HEALTH_FETCH_MIN_BYTES:
+                self.health(ApiKey.FETCH, latency, [])
+            return
+        spec = KNOWN_APIS[ApiKey.PRODUCE]
+        try:
+            offset = response_body_offset(frame, spec.response_header_version(entry.api_version))
+            errors = produce_response_errors(frame, offset, entry.api_version)
+        except ProtocolError:
+            errors = []  # the response goes on as it is; its time still tells
+        self.health(ApiKey.PRODUCE, latency, errors)
+
     def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
         self._passthrough = None
         entry = stream.entry
@@ -488,6 +514,8 @@ class ProxyConnection:
                     actions.append(self._authenticated(accepted))
             else:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
+            if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
+                self._note_health(entry, frame)
             hold_ms = 0
             if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
                 frame, hold_ms = self._throttle_partitions(entry, frame)

@@ -1,8 +1,8 @@
 """Hand-written readers that skim a Produce or Fetch body for one fact without decoding it.
 
-A Produce request's `acks` and producer ids; whether a Produce or Fetch response carries KIP-951
-NodeEndpoints; and, before a body is decoded at all, whether its length prefixes are ones Kafka's
-own readers accept (`decode_strict`).
+A Produce request's `acks` and producer ids; a Produce response's partition errors; whether a
+Produce or Fetch response carries KIP-951 NodeEndpoints; and, before a body is decoded at all,
+whether its length prefixes are ones Kafka's own readers accept (`decode_strict`).
 
 The bench showed the generic decoders on the per-request path: decoding every Produce request
 to read its producer ids, and every Produce v10+ / Fetch v16+ response to learn that it carries
@@ -180,6 +180,42 @@ def fetch_response_has_tags(frame: bytes, body_offset: int, version: int) -> boo
         return _top_level_tags(frame, pos, "response")
     except MalformedHeader as exc:
         raise MalformedBody(f"Fetch v{version} response does not parse: {exc}") from exc
+
+
+def produce_response_errors(frame: bytes, body_offset: int, version: int) -> list[int]:
+    """The non-zero partition error codes of a Produce response (any version), in order.
+
+    Adaptive capacity counts the brokers' REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS and
+    NOT_LEADER answers; decoding every Produce response would cost more than forwarding it.
+    """
+    flexible = version >= PRODUCE_FIRST_FLEXIBLE
+    # index, error code, base offset; log append time (v2+); log start offset (v5+)
+    fixed = 14 + (8 if version >= 2 else 0) + (8 if version >= 5 else 0)
+    found: list[int] = []
+
+    def partition(buf: bytes, pos: int) -> int:
+        if pos + fixed > len(buf):
+            raise MalformedHeader("partition runs past the end")
+        code = int.from_bytes(buf[pos + 4 : pos + 6], "big", signed=True)
+        if code:
+            found.append(code)
+        pos += fixed
+        if version >= 8:  # record errors (batch index, message), then the error message
+            errors, pos = _count(buf, pos, flexible)
+            for _ in range(errors):
+                pos = _skip_string(buf, pos + 4, flexible)
+                if flexible:
+                    pos = skip_tagged_fields(buf, pos)
+            pos = _skip_string(buf, pos, flexible)
+        return pos
+
+    try:
+        end = _skip_topics(frame, body_offset, flexible, version >= PRODUCE_FIRST_TOPIC_ID, partition)
+    except MalformedHeader as exc:
+        raise MalformedBody(f"Produce v{version} response does not parse: {exc}") from exc
+    if end > len(frame):
+        raise MalformedBody(f"Produce v{version} response does not parse: it runs past the end")
+    return found
 
 
 # -- strict decoding -----------------------------------------------------------------------------

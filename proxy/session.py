@@ -91,7 +91,9 @@ class ClientSession(asyncio.Protocol):
                                     observer=server.metrics.exchange,
                                     known_brokers=lambda: server.directory.addresses,
                                     partition_throttles=server.partition_throttles,
-                                    topic_names=server.topic_names)
+                                    topic_names=server.topic_names,
+                                    health=(server.broker_health.observer(node_id)
+                                            if server.broker_health is not None else None))
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._connecting: asyncio.Task[None] | None = None
         self._closing = False

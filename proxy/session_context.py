@@ -17,6 +17,7 @@ from quotas.engine import QuotaEngine
 from quotas.partition_throttle import PartitionThrottles
 
 from .admin.quota_admin import QuotaAdminService
+from .capacity.broker_health import BrokerHealth
 from .limits.admission import ConnectionLimits
 from .limits.memory_pool import RequestMemoryPool
 from .observability.metrics import ProxyMetrics
@@ -41,6 +42,8 @@ class SessionContext(Protocol):
     partition_throttles: PartitionThrottles
     topic_names: TopicNames
     quota_admin: QuotaAdminService
+    #: adaptive capacity's broker-health signals (None: not adaptive)
+    broker_health: BrokerHealth | None
     #: tasks a session starts that must outlive its callback (kept so they are not collected)
     background: set[asyncio.Task[None]]
     #: the live sessions (typed loosely: the session class is the one that adds itself)

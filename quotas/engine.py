@@ -15,6 +15,12 @@ KIP-612's connection quotas (`connections`: connection_quotas.py) live beside th
 `set_quotas` hands them the `ip` entities, and their IP buckets travel in the same fleet reports
 (quota type CONNECTION_CREATION, keyed ("", bucket)), so N proxies hold one IP quota.
 
+A cluster capacity (`capacity`: capacity.py), when configured, is charged beside the quotas:
+each charge also counts to its tenant's demand, and past its fair share the tenant is throttled
+by the capacity. The larger of the quotas' and the capacity's throttle wins, and the Verdict says
+which (`capacity`), so the metrics and usage events count them apart. Without a `[capacity]`
+table that costs one attribute test per charge.
+
 With usage events on (`usage`: quotas/usage.py), every charge is also counted per (user,
 client-id), with or without a quota, and every throttle under the quota key that decided it.
 Without them that costs one attribute test per charge.
@@ -25,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .capacity import CapacityManager
 from .connection_quotas import ConnectionQuotas, IpBucketUsage
 from .controller_mutation import CONTROLLER_QUOTA_WINDOW, ControllerMutationQuotaManager, MutationVerdict
 from .entity import BucketKey, QuotaEntity
@@ -33,7 +40,7 @@ from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaMana
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
 from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
-from .types import QuotaType
+from .types import CAPACITY_STREAMS, CapacityStream, QuotaType, UsageKind
 from .usage import UsageAccount
 
 #: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
@@ -77,6 +84,9 @@ class Verdict:
     #: A throttled Fetch's records go out all the same (the smooth shape; see QuotaEngine.charge);
     #: False: the response is emptied, as Kafka answers a throttled fetch.
     deliver_fetch: bool = False
+    #: The throttle is the cluster capacity's (the tenant is above its fair share), not a quota's;
+    #: `quota` then names the direction.
+    capacity: bool = False
 
 
 NO_THROTTLE = Verdict(0)
@@ -112,6 +122,8 @@ class QuotaEngine:
                                               config.pid_false_positive_rate, config.pid_max_users)
         #: KIP-612: connection-creation rates and open connections per client address
         self.connections = ConnectionQuotas(window, max_buckets=cap)
+        #: the cluster capacity shared by `share` (idle until `capacity.configure`)
+        self.capacity = CapacityManager(window) if cap is None else CapacityManager(window, max_tenants=cap)
         #: the (user, client-id) entities in force: what the client quota managers enforce
         self.table: QuotaTable = {}
         #: every entity in force, `ip` ones included: what the admin API describes and changes
@@ -136,6 +148,8 @@ class QuotaEngine:
         self.connections.set_ip_quotas({entity.ip: values[QuotaType.CONNECTION_CREATION]
                                         for entity, values in table.items()
                                         if entity.ip is not None and QuotaType.CONNECTION_CREATION in values})
+        self.capacity.set_shares({entity: values[QuotaType.SHARE] for entity, values in self.table.items()
+                                  if QuotaType.SHARE in values})
 
     def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
         """Every quota type's manager: `managers` and the controller mutation quota's."""
@@ -168,10 +182,18 @@ class QuotaEngine:
         of them would slip one more request past the quota. Produce waits for the produce and
         producer-id buckets, Fetch for the fetch bucket, and every request for the request quota.
         """
+        capacity = self.capacity
+        if capacity.throttled_until_ms > now_ms:
+            wait = capacity.remaining_throttle_ms(QuotaType.REQUEST, user, client_id, now_ms)
+            if api_key in (_PRODUCE, _FETCH):
+                direction = QuotaType.PRODUCE if api_key == _PRODUCE else QuotaType.FETCH
+                wait = max(wait, capacity.remaining_throttle_ms(direction, user, client_id, now_ms))
+        else:
+            wait = 0
         if not self.table:
-            return 0
+            return wait
         managers = self.managers
-        wait = managers[QuotaType.REQUEST].remaining_throttle_ms(user, client_id, now_ms)
+        wait = max(wait, managers[QuotaType.REQUEST].remaining_throttle_ms(user, client_id, now_ms))
         if api_key == _PRODUCE:
             wait = max(wait, managers[QuotaType.PRODUCE].remaining_throttle_ms(user, client_id, now_ms),
                        managers[QuotaType.PRODUCER_IDS].remaining_throttle_ms(user, "", now_ms))
@@ -190,7 +212,8 @@ class QuotaEngine:
         request was counted by an earlier charge, as a Produce's response after its arrival).
         """
         usage = self.usage
-        if not self.table:
+        capacity = self.capacity if self.capacity.directions else None
+        if not self.table and capacity is None:
             if usage is not None:
                 usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms)
             return NO_THROTTLE
@@ -201,14 +224,27 @@ class QuotaEngine:
         worst: Charge | None = None
         worst_type: QuotaType | None = None
         fetch_charge: Charge | None = None
+        # the capacity's largest throttle and its direction
+        by_capacity = 0
+        capacity_type: QuotaType | None = None
         if produce_bytes:
             charge = managers[QuotaType.PRODUCE].record(user, client_id, produce_bytes, now_ms)
             if charge.throttle_ms > 0:
                 worst, worst_type = charge, QuotaType.PRODUCE
+            if capacity is not None:
+                by_capacity = capacity.record(QuotaType.PRODUCE, user, client_id, produce_bytes,
+                                              charge.bound if charge.bucket is not None else None, now_ms)
+                if by_capacity:
+                    capacity_type = QuotaType.PRODUCE
         if fetch_bytes:
             charge = fetch_charge = managers[QuotaType.FETCH].record(user, client_id, fetch_bytes, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.FETCH
+            if capacity is not None:
+                throttle = capacity.record(QuotaType.FETCH, user, client_id, fetch_bytes,
+                                           charge.bound if charge.bucket is not None else None, now_ms)
+                if throttle > by_capacity:
+                    by_capacity, capacity_type = throttle, QuotaType.FETCH
         if producer_ids:
             if self.fleet is None:
                 new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
@@ -226,8 +262,16 @@ class QuotaEngine:
             charge = managers[QuotaType.REQUEST].record(user, client_id, request_time_ms / 10.0, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms >= worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.REQUEST
+            if capacity is not None and QuotaType.REQUEST in capacity.directions:
+                throttle = capacity.record(QuotaType.REQUEST, user, client_id, request_time_ms / 10.0,
+                                           charge.bound if charge.bucket is not None else None, now_ms)
+                if throttle > by_capacity:
+                    by_capacity, capacity_type = throttle, QuotaType.REQUEST
         if usage is not None:
             usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms, new)
+        if capacity_type is not None and (worst is None or by_capacity > worst.throttle_ms):
+            return self._capacity_verdict(user, client_id, capacity_type, by_capacity, fetch_charge,
+                                          fetch_bytes, now_ms)
         if worst is None or worst_type is None:
             return NO_THROTTLE
         managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
@@ -244,10 +288,28 @@ class QuotaEngine:
             # during the throttle) is emptied and taken back.
             deliver = self.config.quota_shape == SMOOTH and not fetch_charge.in_debt
             if not deliver:
-                managers[QuotaType.FETCH].unrecord(fetch_charge, fetch_bytes, now_ms)
-                if usage is not None:
-                    usage.unrecord_fetch(user, client_id, fetch_bytes)
+                self._take_back_fetch(user, client_id, fetch_charge, fetch_bytes, now_ms)
         return Verdict(worst.throttle_ms, worst_type, deliver)
+
+    def _capacity_verdict(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int,
+                          fetch_charge: Charge | None, fetch_bytes: int, now_ms: int) -> Verdict:
+        """The capacity's throttle won: count it apart from the quotas' (its own counters and
+        usage-event key); a fetch is emptied and taken back, as for a quota."""
+        self.capacity.record_throttle(direction, user, client_id, throttle_ms)
+        if self.usage is not None:
+            self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
+        if fetch_charge is not None:
+            self._take_back_fetch(user, client_id, fetch_charge, fetch_bytes, now_ms)
+        return Verdict(throttle_ms, direction, False, True)
+
+    def _take_back_fetch(self, user: str, client_id: str, charge: Charge, fetch_bytes: int,
+                         now_ms: int) -> None:
+        """A throttled fetch answered empty: its bytes count nowhere (Kafka un-records them)."""
+        self.managers[QuotaType.FETCH].unrecord(charge, fetch_bytes, now_ms)
+        if self.capacity.directions:
+            self.capacity.unrecord(QuotaType.FETCH, user, client_id, fetch_bytes, now_ms)
+        if self.usage is not None:
+            self.usage.unrecord_fetch(user, client_id, fetch_bytes)
 
     # -- controller mutations (KIP-599) --------------------------------------------------------
 
@@ -294,6 +356,7 @@ class QuotaEngine:
         sooner than URGENT_MIN_INTERVAL_MS after the previous urgent report). It must not do I/O.
         """
         self.fleet = peers
+        self.capacity.attach_fleet(peers)
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
         ip_view = peers.view(QuotaType.CONNECTION_CREATION)
@@ -307,7 +370,11 @@ class QuotaEngine:
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
         charged = self.connections.take_charged() if changed_only else None
-        return usage + self._ip_buckets(self.connections.ip_usage(now_ms, charged))
+        usage += self._ip_buckets(self.connections.ip_usage(now_ms, charged))
+        if self.capacity.directions:
+            usage += self.capacity.local_usage(now_ms, changed_only)
+            usage += self.capacity.factor_usage()
+        return usage
 
     @staticmethod
     def _ip_buckets(buckets: Sequence[IpBucketUsage]) -> list[UsageEntry]:
@@ -315,19 +382,28 @@ class QuotaEngine:
         return [UsageEntry(QuotaType.CONNECTION_CREATION, "", bucket.bucket, bucket.rate)
                 for bucket in buckets]
 
-    def full_listing(self) -> list[tuple[QuotaType, list[BucketKey]]]:
+    def full_listing(self) -> list[tuple[UsageKind, list[BucketKey]]]:
         """What a full report lists, per quota type, taken at once; the I/O layer measures it with
         `list_usage` a slice at a time, serving connections in between (measuring 10,000
         buckets in one go holds the event loop for tens of ms)."""
         listing = [(quota_type, manager.begin_full_listing())
                    for quota_type, manager in self.managers.items()]
         ip_keys = [BucketKey("", bucket) for bucket in self.connections.buckets]
-        return [*listing, (QuotaType.CONNECTION_CREATION, ip_keys)]
+        capacity: list[tuple[UsageKind, list[BucketKey]]] = [
+            (CAPACITY_STREAMS[direction], list(state.flows))
+            for direction, state in self.capacity.directions.items()]
+        if self.capacity.factor_usage():
+            capacity.append((CapacityStream.CAPACITY_FACTOR, [BucketKey("", "")]))
+        return [*listing, (QuotaType.CONNECTION_CREATION, ip_keys), *capacity]
 
-    def list_usage(self, quota_type: QuotaType, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
+    def list_usage(self, quota_type: UsageKind, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
         """Measure and list a slice of `full_listing`'s buckets."""
         if quota_type is QuotaType.CONNECTION_CREATION:
             return self._ip_buckets(self.connections.ip_usage(now_ms, {key.client_id for key in keys}))
+        if isinstance(quota_type, CapacityStream):
+            if quota_type is CapacityStream.CAPACITY_FACTOR:
+                return self.capacity.factor_usage()
+            return self.capacity.list_flows(quota_type, keys, now_ms)
         return self.managers[quota_type].list_usage(keys, now_ms)
 
     def urgent_usage(self, now_ms: int) -> list[UsageEntry]:

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Generic, TypeVar
 
-from quotas.throttle import bounded_throttle_time_ms
-
 #: The quota key that gives an entity its weight when the cluster capacity is shared.
 SHARE_KEY = "share"
 
@@ -128,20 +126,3 @@ def water_fill(capacity: float, claims: Sequence[Claim[K]]) -> dict[K, float]:
             allocation[c.key] = c.bound
         used += group_bounds[i]
     return {c.key: allocation[c.key] for c in claims}
-
-
-def share_throttle_ms(observed_rate: float, allocation: float, window_ms: int, max_throttle_ms: int) -> int:
-    """The throttle for an entity measured at `observed_rate` against its fair `allocation`.
-
-    Kafka's formula (quotas/throttle.py) with the allocation as the bound, over the same window
-    the rate was measured on. It is bounded, unlike a byte-rate quota's: an allocation moves as
-    others come and go, so one delay should not outlast the share it was computed from. An
-    allocation of 0 (zero capacity) throttles any traffic by the maximum.
-    """
-    if _number(allocation) is None or allocation < 0:
-        raise FairShareError(f"allocation: {allocation!r} must be a number >= 0")
-    if observed_rate <= allocation:
-        return 0
-    if allocation == 0 or not math.isfinite((observed_rate - allocation) / allocation * window_ms):
-        return max_throttle_ms
-    return bounded_throttle_time_ms(observed_rate, allocation, window_ms, max_throttle_ms)

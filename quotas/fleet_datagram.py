@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .types import QuotaType
+from .types import CapacityStream, QuotaType, UsageKind
 
 #: Payload bound: 1,280 bytes is IPv6's minimum MTU; 1,200 leaves room for IP and UDP headers on
 #: any path without fragmentation (QUIC's minimum datagram size, RFC 9000 §14, for the same reason).
@@ -77,15 +77,24 @@ _FIXED_BYTES = _HEAD.size + _IDS.size + 1 + 2 * _COUNT16.size + _MAC_BYTES
 _MIN_DATAGRAM_BYTES = _FIXED_BYTES
 
 #: Stable wire codes of the quota types (never the enum's order).
-_QUOTA_CODES: dict[QuotaType, int] = {
+_QUOTA_CODES: dict[UsageKind, int] = {
     QuotaType.PRODUCE: 0,
     QuotaType.FETCH: 1,
     QuotaType.REQUEST: 2,
     QuotaType.CONTROLLER_MUTATION: 3,
     QuotaType.PRODUCER_IDS: 4,
     QuotaType.CONNECTION_CREATION: 5,
+    CapacityStream.CAPACITY_PRODUCE: 6,
+    CapacityStream.CAPACITY_FETCH: 7,
+    CapacityStream.CAPACITY_REQUEST: 8,
+    CapacityStream.CAPACITY_FACTOR: 9,
+    # a weight, never sent; coded so every QuotaType has one
+    QuotaType.SHARE: 10,
 }
-_QUOTAS_BY_CODE: dict[int, QuotaType] = {code: quota for quota, code in _QUOTA_CODES.items()}
+_QUOTAS_BY_CODE: dict[int, UsageKind] = {code: quota for quota, code in _QUOTA_CODES.items()}
+#: every kind an entry can be about (the fleet keeps a view of each), and by member name
+USAGE_KINDS: tuple[UsageKind, ...] = tuple(_QUOTA_CODES)
+KINDS_BY_NAME: dict[str, UsageKind] = {kind.name: kind for kind in USAGE_KINDS}
 _QUOTA_CODES_BY_NAME: dict[str, int] = {quota.name: code for quota, code in _QUOTA_CODES.items()}
 
 #: Reasons a datagram is dropped (the label of kthrottle_fleet_datagrams_rejected_total).
@@ -107,7 +116,7 @@ class UsageEntry(NamedTuple):
     frozen dataclass costs four times as much to build (0.55 us against 0.15 us).
     """
 
-    quota: QuotaType
+    quota: UsageKind
     user: str
     client_id: str
     rate: float

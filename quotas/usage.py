@@ -29,8 +29,8 @@ OTHER = "__other__"
 class EntityUsage:
     """One entity's sums over one interval."""
 
-    __slots__ = ("fetch_bytes", "new_producer_ids", "produce_bytes", "request_time_ms", "requests",
-                 "throttles")
+    __slots__ = ("capacity_throttles", "fetch_bytes", "new_producer_ids", "produce_bytes",
+                 "request_time_ms", "requests", "throttles")
 
     def __init__(self) -> None:
         self.produce_bytes = 0
@@ -41,6 +41,8 @@ class EntityUsage:
         self.new_producer_ids = 0
         #: per quota key: [throttle count, throttle time ms]
         self.throttles: dict[QuotaType, list[int]] = {}
+        #: per direction: [throttle count, throttle time ms] the cluster capacity decided
+        self.capacity_throttles: dict[QuotaType, list[int]] = {}
 
     def add(self, other: EntityUsage) -> None:
         """Fold another entity's sums into this one."""
@@ -52,6 +54,10 @@ class EntityUsage:
         self.new_producer_ids += other.new_producer_ids
         for quota_type, (count, time_ms) in other.throttles.items():
             mine = self.throttles.setdefault(quota_type, [0, 0])
+            mine[0] += count
+            mine[1] += time_ms
+        for direction, (count, time_ms) in other.capacity_throttles.items():
+            mine = self.capacity_throttles.setdefault(direction, [0, 0])
             mine[0] += count
             mine[1] += time_ms
 
@@ -131,6 +137,17 @@ class UsageAccount:
         counts = throttles.get(quota_type)
         if counts is None:
             throttles[quota_type] = [1, throttle_ms]
+        else:
+            counts[0] += 1
+            counts[1] += throttle_ms
+
+    def capacity_throttled(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int) -> None:
+        """A throttle the cluster capacity decided (the tenant was above its fair share), counted
+        apart from the quotas' throttles."""
+        throttles = self._entity(user, client_id).capacity_throttles
+        counts = throttles.get(direction)
+        if counts is None:
+            throttles[direction] = [1, throttle_ms]
         else:
             counts[0] += 1
             counts[1] += throttle_ms

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotas.fair_share import Claim, FairShareError, share_throttle_ms, validate_share, water_fill
-from quotas.throttle import bounded_throttle_time_ms
+from quotas.fair_share import Claim, FairShareError, validate_share, water_fill
 
 GREEDY = 1e12  # a demand far above any capacity in these examples
 
@@ -116,24 +115,6 @@ def test_water_fill_refuses_bad_capacity(value: object) -> None:
 def test_water_fill_refuses_duplicate_keys() -> None:
     with pytest.raises(FairShareError, match="'a' appears more than once"):
         water_fill(10, [Claim("a", 1.0), Claim("b", 1.0), Claim("a", 2.0)])
-
-
-# -- the throttle against a fair allocation -----------------------------------------------------
-
-
-def test_share_throttle_uses_kafkas_formula() -> None:
-    assert share_throttle_ms(100, 50, 3000, 10_000) == 3000 == bounded_throttle_time_ms(100, 50, 3000, 10_000)
-    assert share_throttle_ms(55, 50, 1000, 10_000) == 100
-    assert share_throttle_ms(100, 50, 3000, 1000) == 1000  # bounded
-    assert share_throttle_ms(50, 50, 3000, 1000) == 0  # only strictly over
-
-
-def test_share_throttle_zero_allocation() -> None:
-    assert share_throttle_ms(10, 0, 1000, 5000) == 5000
-    assert share_throttle_ms(0, 0, 1000, 5000) == 0
-    assert share_throttle_ms(1e300, 1e-300, 1000, 5000) == 5000
-    with pytest.raises(FairShareError, match="allocation"):
-        share_throttle_ms(10, math.nan, 1000, 5000)
 
 
 # -- properties ---------------------------------------------------------------------------------

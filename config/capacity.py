@@ -1,0 +1,59 @@
+"""The `[capacity]` table: what the whole fleet may send the cluster, shared by `share`.
+
+```toml
+[capacity]
+produce_byte_rate = 50000000     # bytes/s of Produce requests, fleet-wide
+fetch_byte_rate = 100000000      # bytes/s of Fetch responses, fleet-wide
+request_percentage = 400.0       # upstream request-thread time, as Kafka's request quota counts it
+adaptive = true                  # scale it with the brokers' health (AIMD); default false
+min_fraction = 0.1               # adaptive mode never goes below this share of the capacity
+latency_tolerance = 2.0          # degraded: a broker's p99 above this x its healthy baseline
+decrease_factor = 0.7            # multiplicative decrease per degraded tick
+increase_step = 0.05             # additive increase per healthy tick
+```
+
+Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
+throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` quota
+key. Read at start; every value is checked and an error names the key and the value. The
+reference is docs/protecting-the-cluster.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from quotas.capacity import CapacityConfig, CapacityError
+
+from .common import SettingsError
+
+_RATES = ("produce_byte_rate", "fetch_byte_rate", "request_percentage")
+_FRACTIONS = ("min_fraction", "latency_tolerance", "decrease_factor", "increase_step")
+
+
+def parse_capacity_table(table: object) -> CapacityConfig:
+    """A `[capacity]` table, validated (SettingsError names the key and the value)."""
+    if not isinstance(table, Mapping):
+        raise SettingsError("`capacity` must be a table: write [capacity]")
+    values: dict[str, object] = {}
+    for key, value in table.items():
+        if key in _RATES or key in _FRACTIONS:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise SettingsError(f"capacity.{key} = {value!r} must be a number")
+            if key in ("produce_byte_rate", "fetch_byte_rate") and not float(value).is_integer():
+                raise SettingsError(f"capacity.{key} = {value!r} must be a whole number of bytes per second")
+            values[key] = float(value)
+        elif key == "adaptive":
+            if not isinstance(value, bool):
+                raise SettingsError(f"capacity.adaptive = {value!r} must be true or false")
+            values[key] = value
+        else:
+            raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, "
+                                f"{', '.join(_RATES + _FRACTIONS)})")
+    try:
+        return CapacityConfig(**values)  # type: ignore[arg-type]
+    except CapacityError as exc:
+        raise SettingsError(str(exc)) from exc
+
+
+__all__ = ["parse_capacity_table"]

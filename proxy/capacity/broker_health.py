@@ -1,0 +1,32 @@
+"""The brokers' health as the proxy's own traffic shows it: the signal adaptive capacity follows.
+
+Each client session gets an observer bound to the broker its port stands for; its connection
+calls it for every Produce response and every Fetch response that carried records (a Fetch that
+waited out its max_wait_ms says nothing about the broker). Bootstrap connections, which reach
+whichever broker the rotation picked, are filed under BOOTSTRAP_NODE.
+"""
+
+from __future__ import annotations
+
+from protocol.connection import HealthObserver
+from quotas.adaptive_capacity import AdaptiveCapacity
+
+#: The "broker" of a bootstrap connection.
+BOOTSTRAP_NODE = -1
+
+
+class BrokerHealth:
+    """Feeds responses into the adaptive controller, per broker."""
+
+    def __init__(self, controller: AdaptiveCapacity) -> None:
+        self.controller = controller
+
+    def observer(self, node_id: int | None) -> HealthObserver:
+        """What a session bound to `node_id` hands its connection."""
+        broker = BOOTSTRAP_NODE if node_id is None else node_id
+        observe = self.controller.observe
+
+        def health(api_key: int, latency_ms: float, errors: list[int]) -> None:
+            observe(broker, api_key, latency_ms, errors)
+
+        return health

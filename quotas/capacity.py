@@ -1,0 +1,514 @@
+"""Cluster capacity shared by weight: each tenant's demand, its fair share, the capacity throttle.
+
+Kafka's quotas are static caps per entity. A capacity (the `[capacity]` table) says what the whole
+fleet may send the cluster per direction: produce bytes/s, fetch bytes/s, request percentage.
+While the active tenants' demand fits in it, it throttles nobody. Above it, the capacity is shared
+by water-filling (fair_share.py): each tenant gets its weighted max-min fair share, never more
+than its own Kafka quota, and what one leaves unused goes to the others.
+
+Tenants. A tenant is found like a quota bucket, through Kafka's eight entity levels, on the
+entities that set a `share` (its weight): `share` at `user = "alice"` makes all of alice's client
+ids one tenant. A (user, client-id) no `share` entity matches is a tenant of its own with weight 1.
+
+Demand, and how it is estimated while a tenant is throttled (the hard part: a throttled client
+sends what it is allowed, so its true demand is hidden). Each tenant's rate is Kafka's windowed
+rate (11 x 1 s) of what it was charged, summed over the fleet. Following how max-min allocators
+that cannot ask their clients estimate demand (a flow held at its allocation is "bottlenecked",
+as in max-min flow control and DRF's progressive filling; Strimzi's plugin has no demand notion),
+a tenant is taken as *greedy* when its rate reaches GREEDY_RATIO of its allocation: it is using
+what it was given, so it may want more, and it claims the whole capacity (bounded by its own
+quota). Any other tenant claims HEADROOM times its rate: room to grow before the next refresh,
+and stable (its rate is 1/HEADROOM of its claim, below GREEDY_RATIO, so it stays non-greedy until
+it really grows). A tenant younger than the padded window is measured over the time it has
+existed, not over Kafka's padded window (which shows a new client's rate low: that is its burst
+allowance, and its throttle still uses it). The price of the headroom: up to HEADROOM - 1 of the
+non-greedy tenants' rates stays reserved for their growth, never more than that.
+
+Allocations are recomputed every `refresh` (the I/O layer calls it every REFRESH_INTERVAL_MS);
+a charge only records and compares, so deciding costs one extra windowed rate per charge.
+
+The capacity throttle is a token bucket per tenant refilled at its allocation, with a burst of
+one second of it (the "smooth" shape's bucket, token_bucket.py), used only while the capacity
+binds. Not Kafka's windowed formula: with an 11 s padded window, greedy tenants move in an 11 s
+sawtooth, all bursting at once when their windows expire, so the cluster would see several times
+the capacity for seconds at a time, which is what a capacity exists to prevent (in simulation the
+shares also came out 0.70 / 0.18 / 0.18 instead of 0.60 / 0.20 / 0.20). The throttle is bounded by
+MAX_CAPACITY_THROTTLE_WINDOWS windows. The engine returns the larger of it and the quotas'
+throttle; Kafka's quotas keep their exact semantics.
+
+In a fleet, each member lists its tenants' own rates in the usage exchange (CapacityStream
+entries) and adds its peers' to them at every refresh, so every member computes the same
+allocation from the same fleet-wide demand. A member's bucket for a tenant refills at the
+allocation minus what its peers report for that tenant (at least FLEET_MIN_SLICE of it, so a
+tenant moving to this member can grow here). The adaptive factor travels there too, and the
+fleet uses the lowest fresh one (adaptive_capacity.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .entity import BucketKey, QuotaEntity, resolve
+from .fair_share import Claim, water_fill
+from .fleet import PeerUsage, UsageEntry
+from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
+from .token_bucket import TokenBucket
+from .types import CAPACITY_STREAMS, CapacityStream, QuotaType
+
+#: The directions a capacity can be given for, and their `[capacity]` keys (the quota keys' names).
+DIRECTIONS: tuple[QuotaType, ...] = (QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST)
+
+#: A non-greedy tenant claims this many times its rate.
+HEADROOM = 1.2
+
+#: A tenant whose rate reached this share of its allocation is greedy (claims all it may have).
+GREEDY_RATIO = 0.9
+
+#: How often the I/O layer recomputes the allocations (`refresh`).
+REFRESH_INTERVAL_MS = 200
+
+#: A capacity throttle lasts at most this many quota windows (10 s by default): allocations move as
+#: tenants come and go, so one delay should not outlast the share it was computed from, yet a
+#: client sending large requests must still be held to its share on average.
+MAX_CAPACITY_THROTTLE_WINDOWS = 10
+
+#: The load is light (adaptive baselines may learn) while every direction's fleet-wide rate is at
+#: most this share of its capacity (static, learned, or the highest rate seen).
+LIGHT_FRACTION = 0.5
+
+#: In a fleet, a member's part of a tenant's allocation is at least this share of it.
+FLEET_MIN_SLICE = 0.1
+
+#: Tenants tracked per direction; past it, new ones share one overflow tenant (like the buckets).
+DEFAULT_MAX_TENANTS = 50_000
+OVERFLOW_TENANT = BucketKey("__overflow__", "__overflow__")
+
+_UNLIMITED = math.inf
+
+
+class CapacityError(ValueError):
+    """An invalid `[capacity]` setting; the message names the key and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityConfig:
+    """The `[capacity]` table: what the fleet may send the cluster, per direction (None: no limit)."""
+
+    produce_byte_rate: float | None = None
+    fetch_byte_rate: float | None = None
+    request_percentage: float | None = None
+    #: scale the capacity with the brokers' health (adaptive_capacity.py)
+    adaptive: bool = False
+    #: adaptive mode never goes below this fraction of the capacity
+    min_fraction: float = 0.1
+    #: adaptive tuning (see adaptive_capacity.AdaptiveConfig); kept here so one table says it all
+    latency_tolerance: float = 2.0
+    decrease_factor: float = 0.7
+    increase_step: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("produce_byte_rate", "fetch_byte_rate", "request_percentage"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise CapacityError(f"capacity.{name} = {value!r} must be a number > 0")
+        if not 0 < self.min_fraction <= 1:
+            raise CapacityError(f"capacity.min_fraction = {self.min_fraction!r} must be in (0, 1]")
+        if not self.latency_tolerance > 1:
+            raise CapacityError(f"capacity.latency_tolerance = {self.latency_tolerance!r} must be > 1")
+        if not 0 < self.decrease_factor < 1:
+            raise CapacityError(f"capacity.decrease_factor = {self.decrease_factor!r} must be in (0, 1)")
+        if not 0 < self.increase_step <= 1:
+            raise CapacityError(f"capacity.increase_step = {self.increase_step!r} must be in (0, 1]")
+        if not self.adaptive and self.static() == {}:
+            raise CapacityError("[capacity] gives no produce_byte_rate, fetch_byte_rate or "
+                                "request_percentage, and adaptive is off: it would limit nothing")
+
+    def static(self) -> dict[QuotaType, float]:
+        """The directions given a static capacity."""
+        values = {QuotaType.PRODUCE: self.produce_byte_rate, QuotaType.FETCH: self.fetch_byte_rate,
+                  QuotaType.REQUEST: self.request_percentage}
+        return {direction: value for direction, value in values.items() if value is not None}
+
+    def tracked(self) -> tuple[QuotaType, ...]:
+        """The directions whose demand is measured: the static ones, or all three when adaptive
+        (adaptive mode without a static capacity learns one from the healthy throughput)."""
+        if self.adaptive:
+            return DIRECTIONS
+        static = self.static()
+        return tuple(direction for direction in DIRECTIONS if direction in static)
+
+
+class Flow:
+    """One tenant's traffic in one direction."""
+
+    __slots__ = ("allocation", "cap", "demand", "first_ms", "greedy", "key", "local_allocation", "peer_rate",
+                 "rate", "reported", "throttle_count", "throttle_total_ms", "throttled_until_ms", "tokens",
+                 "weight")
+
+    def __init__(self, key: BucketKey, weight: float, window: WindowConfig, now_ms: int) -> None:
+        self.key = key
+        self.weight = weight
+        self.rate = WindowedRate(window)
+        self.first_ms = now_ms
+        #: its fair allocation (inf: the capacity does not bind now), and this member's part of it
+        self.allocation = _UNLIMITED
+        self.local_allocation = _UNLIMITED
+        #: the bucket that throttles it while the capacity binds (None: full, or not binding)
+        self.tokens: TokenBucket | None = None
+        #: its own Kafka quota in this direction, as last charged (None: no quota)
+        self.cap: float | None = None
+        #: its demand as estimated at the last refresh: what it claimed in the water-filling
+        #: (HEADROOM x its rate, or all it may have when greedy), or its rate when nothing binds
+        self.demand = 0.0
+        self.greedy = True
+        #: peers' rate for this tenant at the last refresh (added to its own when deciding)
+        self.peer_rate = 0.0
+        #: its own rate when last listed for the fleet
+        self.reported = 0.0
+        self.throttled_until_ms = 0
+        self.throttle_total_ms = 0
+        self.throttle_count = 0
+
+
+@dataclass(slots=True)
+class DirectionState:
+    """One direction's tenants and what the last refresh decided."""
+
+    flows: dict[BucketKey, Flow] = field(default_factory=dict)
+    #: whether the capacity binds: some allocation is below its claim
+    contended: bool = False
+    #: the capacity shared at the last refresh (None: no limit now)
+    effective: float | None = None
+    #: fleet-wide rate (own + peers') summed over tenants at the last refresh
+    total_rate: float = 0.0
+    #: the highest `total_rate` seen (what "light" is judged against without a capacity)
+    peak_rate: float = 0.0
+    #: tenants only peers report, with their rate, at the last refresh
+    peer_only: dict[BucketKey, float] = field(default_factory=dict)
+    #: allocations of tenants only peers report, for their greediness at the next refresh
+    peer_allocations: dict[BucketKey, float] = field(default_factory=dict)
+
+
+class CapacityManager:
+    """The capacity per direction, its tenants and their fair allocations."""
+
+    def __init__(self, window: WindowConfig = DEFAULT_WINDOW, *,
+                 max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
+        self.window = window
+        self.max_tenants = max_tenants
+        self.config: CapacityConfig | None = None
+        self.directions: dict[QuotaType, DirectionState] = {}
+        #: `share` entities in force (Kafka's precedence resolves them)
+        self.shares: dict[QuotaEntity, float] = {}
+        self._tenants: dict[tuple[str, str], tuple[BucketKey, float]] = {}
+        #: the adaptive factor in force (1.0: the whole capacity): the lowest of this member's
+        #: own (`own_factor`, set by the I/O layer's controller) and its fresh peers'
+        self.factor = 1.0
+        self.own_factor = 1.0
+        #: adaptive mode without a static capacity: the capacity learned from healthy throughput,
+        #: applied while the factor is below 1 (None: nothing learned yet)
+        self.learned: dict[QuotaType, float] = {}
+        self.max_throttle_ms = MAX_CAPACITY_THROTTLE_WINDOWS * window.window_ms
+        #: the latest end of any capacity throttle (a quick test for `remaining_throttle_ms`)
+        self.throttled_until_ms = 0
+        #: the fleet's merged peer usage (None: a lone proxy)
+        self.peers: PeerUsage | None = None
+        self._charged: dict[QuotaType, set[BucketKey]] = {}
+
+    # -- configuration ------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self.config is not None
+
+    def configure(self, config: CapacityConfig | None) -> None:
+        """Apply a `[capacity]` table (None: none); tenants' histories stay where they apply."""
+        self.config = config
+        tracked = config.tracked() if config is not None else ()
+        self.directions = {direction: self.directions.get(direction) or DirectionState()
+                           for direction in tracked}
+        self._charged = {direction: self._charged.get(direction, set()) for direction in tracked}
+
+    def set_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
+        """The `share` entities in force; every live tenant takes its new weight at once."""
+        self.shares = dict(shares)
+        self._tenants = {}
+        for state in self.directions.values():
+            for flow in state.flows.values():
+                flow.weight = self._weight(flow.key)
+
+    def tenant(self, user: str, client_id: str) -> tuple[BucketKey, float]:
+        """The tenant (user, client-id) belongs to and its weight (cached until shares change)."""
+        found = self._tenants.get((user, client_id))
+        if found is None:
+            resolved = resolve(self.shares, user, client_id) if self.shares else None
+            found = resolved if resolved is not None else (BucketKey(user, client_id), 1.0)
+            if len(self._tenants) >= 4 * self.max_tenants:
+                self._tenants = {}
+            self._tenants[(user, client_id)] = found
+        return found
+
+    def _weight(self, key: BucketKey) -> float:
+        """The weight of a tenant known by its key (a peer's, or one whose shares changed)."""
+        return 1.0 if key == OVERFLOW_TENANT else self.tenant(key.user, key.client_id)[1]
+
+    def capacity(self, direction: QuotaType) -> float | None:
+        """The capacity in force for `direction` now: the static one, or the learned one while
+        the factor is below 1, scaled by the factor (None: no limit)."""
+        config = self.config
+        if config is None:
+            return None
+        static = config.static().get(direction)
+        if static is None:
+            if self.factor >= 1.0:
+                return None
+            static = self.learned.get(direction)
+            if static is None:
+                return None
+        return static * self.factor
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def record(self, direction: QuotaType, user: str, client_id: str, value: float,
+               cap: float | None, now_ms: int) -> int:
+        """Count one charge to its tenant; the capacity throttle it causes (0 within its share)."""
+        state = self.directions.get(direction)
+        if state is None:
+            return 0
+        key, weight = self.tenant(user, client_id)
+        flows = state.flows
+        flow = flows.get(key)
+        if flow is None:
+            if len(flows) >= self.max_tenants:
+                key, weight = OVERFLOW_TENANT, 1.0
+                flow = flows.get(key)
+            if flow is None:
+                flow = flows[key] = Flow(key, weight, self.window, now_ms)
+        flow.cap = cap
+        flow.rate.record(value, now_ms)
+        if self.peers is not None:
+            self._charged[direction].add(key)
+        allocation = flow.local_allocation
+        if not state.contended or allocation == _UNLIMITED:
+            return 0
+        tokens = flow.tokens
+        if tokens is None:
+            tokens = flow.tokens = TokenBucket()
+        throttle = tokens.record(value, allocation, now_ms)
+        if throttle > 0:
+            if throttle > self.max_throttle_ms:
+                throttle = self.max_throttle_ms
+            until = now_ms + throttle
+            if until > flow.throttled_until_ms:
+                flow.throttled_until_ms = until
+                if until > self.throttled_until_ms:
+                    self.throttled_until_ms = until
+        return throttle
+
+    def unrecord(self, direction: QuotaType, user: str, client_id: str, value: float, now_ms: int) -> None:
+        """Take a charge back (a throttled fetch's records are not delivered)."""
+        state = self.directions.get(direction)
+        if state is not None:
+            flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
+            if flow is not None:
+                flow.rate.unrecord(value, now_ms)
+                if flow.tokens is not None and flow.local_allocation != _UNLIMITED:
+                    flow.tokens.unrecord(value, flow.local_allocation, now_ms)
+
+    def record_throttle(self, direction: QuotaType, user: str, client_id: str, throttle_ms: int) -> None:
+        """Count a throttle the capacity decided (the larger one of its request)."""
+        state = self.directions.get(direction)
+        if state is not None:
+            flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
+            if flow is not None:
+                flow.throttle_total_ms += throttle_ms
+                flow.throttle_count += 1
+
+    def remaining_throttle_ms(self, direction: QuotaType, user: str, client_id: str, now_ms: int) -> int:
+        """How long the tenant stays throttled by the capacity in `direction` (0: not)."""
+        if now_ms >= self.throttled_until_ms:
+            return 0
+        state = self.directions.get(direction)
+        if state is None:
+            return 0
+        flow = state.flows.get(self.tenant(user, client_id)[0])
+        return 0 if flow is None else max(flow.throttled_until_ms - now_ms - 1, 0)
+
+    # -- the periodic refresh ------------------------------------------------------------------
+
+    def refresh(self, now_ms: int) -> None:
+        """Measure every tenant (own rate plus peers'), estimate demands, share the capacity.
+
+        Also drops tenants whose rate holds no history and whose throttle is over (as bucket
+        expiry does): a new flow for the same tenant measures exactly as the old one would.
+        """
+        for direction, state in self.directions.items():
+            view = self.peers.view(CAPACITY_STREAMS[direction]) if self.peers is not None else None
+            capacity = self.capacity(direction)
+            state.effective = capacity
+            claims: list[Claim[BucketKey]] = []
+            total = 0.0
+            ceiling = capacity if capacity is not None else 0.0
+            flows = state.flows
+            for key in list(flows):
+                flow = flows[key]
+                own = self._demand_rate(flow, now_ms)
+                peer = view.rate(key, now_ms) if view is not None else 0.0
+                flow.peer_rate = peer
+                if own == 0.0 and peer == 0.0 and flow.rate.expired(now_ms) \
+                        and flow.throttled_until_ms <= now_ms:
+                    del flows[key]
+                    continue
+                rate = own + peer
+                total += rate
+                bound = flow.allocation
+                flow.greedy = bound != _UNLIMITED and rate >= GREEDY_RATIO * bound
+                claim = ceiling if flow.greedy else rate * HEADROOM
+                if flow.cap is not None and claim > flow.cap:
+                    claim = flow.cap
+                flow.demand = claim if capacity is not None else rate
+                if capacity is not None:
+                    claims.append(Claim(key, claim, flow.weight, flow.cap))
+            peer_only: dict[BucketKey, float] = {}
+            if view is not None:
+                for wire_key, rate in view.rates(now_ms).items():
+                    key = BucketKey(*wire_key)
+                    if key in flows or rate <= 0.0:
+                        continue
+                    peer_only[key] = rate
+                    total += rate
+                    if capacity is not None:
+                        before = state.peer_allocations.get(key, _UNLIMITED)
+                        greedy = before != _UNLIMITED and rate >= GREEDY_RATIO * before
+                        claims.append(Claim(key, ceiling if greedy else rate * HEADROOM, self._weight(key)))
+            state.peer_only = peer_only
+            state.total_rate = total
+            if capacity is None:
+                state.contended = False
+                for flow in flows.values():
+                    flow.allocation = flow.local_allocation = _UNLIMITED
+                    flow.tokens = None
+                state.peer_allocations = {}
+                continue
+            allocation = water_fill(capacity, claims)
+            state.contended = any(allocation[c.key] < c.bound for c in claims)
+            for flow in flows.values():
+                if not state.contended:
+                    flow.allocation = flow.local_allocation = _UNLIMITED
+                    flow.tokens = None
+                    continue
+                share = flow.allocation = allocation.get(flow.key, _UNLIMITED)
+                flow.local_allocation = max(share - flow.peer_rate, FLEET_MIN_SLICE * share)
+            state.peer_allocations = {key: allocation[key] for key in peer_only} if state.contended else {}
+
+    def _demand_rate(self, flow: Flow, now_ms: int) -> float:
+        """A tenant's own rate as its demand: Kafka's windowed rate, except that a tenant younger
+        than the padded window is measured over the time it has existed. Kafka pads a new
+        client's window to (samples - 1) windows, which shows its rate low (that is its burst
+        allowance, and the throttle keeps it); as a demand estimate that would read a new tenant
+        sending at its full rate as a tenant wanting a tenth of it."""
+        rate = flow.rate
+        window = self.window
+        age = now_ms - flow.first_ms
+        if age >= (window.samples - 1) * window.window_ms:
+            return rate.measure(now_ms)
+        return rate.total(now_ms) * 1000.0 / max(age, window.window_ms)
+
+    # -- the fleet ----------------------------------------------------------------------------
+
+    def attach_fleet(self, peers: PeerUsage | None) -> None:
+        """Add peers' rates per direction from now on (None: alone again)."""
+        self.peers = peers
+        self._charged = {direction: set() for direction in self.directions}
+
+    def local_usage(self, now_ms: int, changed_only: bool) -> list[UsageEntry]:
+        """Each tenant's own rate for the fleet's report; `changed_only`: tenants charged since the
+        last delta listing whose rate moved by more than 1 % of it (or of their allocation)."""
+        out: list[UsageEntry] = []
+        for direction, state in self.directions.items():
+            stream = CAPACITY_STREAMS[direction]
+            charged = self._charged.get(direction, set())
+            self._charged[direction] = set()
+            keys = charged if changed_only else list(state.flows)
+            for key in keys:
+                flow = state.flows.get(key)
+                if flow is None:
+                    continue
+                rate = self._demand_rate(flow, now_ms)
+                if changed_only and abs(rate - flow.reported) <= 0.01 * max(rate, flow.reported):
+                    continue
+                flow.reported = rate
+                out.append(UsageEntry(stream, key.user, key.client_id, rate))
+        return out
+
+    def list_flows(self, stream: CapacityStream, keys: Iterable[BucketKey], now_ms: int) -> list[UsageEntry]:
+        """Measure and list these tenants of one stream (gone ones skipped), for a full report."""
+        for direction, state in self.directions.items():
+            if CAPACITY_STREAMS[direction] is stream:
+                out = []
+                for key in keys:
+                    flow = state.flows.get(key)
+                    if flow is not None:
+                        flow.reported = rate = self._demand_rate(flow, now_ms)
+                        out.append(UsageEntry(stream, key.user, key.client_id, rate))
+                return out
+        return []
+
+    def factor_usage(self) -> list[UsageEntry]:
+        """This member's own adaptive factor, for every report (adaptive mode only). Its own, not
+        the fleet's lowest: members echoing the minimum would hold each other down forever."""
+        config = self.config
+        if config is None or not config.adaptive:
+            return []
+        return [UsageEntry(CapacityStream.CAPACITY_FACTOR, "", "", self.own_factor)]
+
+    def update_factor(self, own: float, now_ms: int) -> float:
+        """Set this member's own factor; the factor in force becomes the lowest of it and the
+        fresh peers' (a peer that stops reporting no longer holds the fleet down once stale).
+
+        Adaptive mode without a static capacity: when the factor first drops below 1, the
+        capacity to scale is the fleet-wide throughput of the last refresh, the one observed when
+        the brokers were last healthy; it is forgotten once the factor is back at 1.
+        """
+        self.own_factor = own
+        peer = self.peer_factor(now_ms)
+        factor = own if peer is None else min(own, peer)
+        if factor < 1.0 <= self.factor:
+            self.learned = {direction: state.total_rate for direction, state in self.directions.items()
+                            if state.total_rate > 0.0}
+        elif factor >= 1.0:
+            self.learned = {}
+        self.factor = factor
+        return factor
+
+    def light(self) -> bool:
+        """Whether the load is light now: every direction's fleet-wide rate at most LIGHT_FRACTION
+        of its capacity (the static one, else the learned one, else the highest rate seen; a
+        cluster busy from the start is never light, so it never learns busy as healthy)."""
+        config = self.config
+        if config is None:
+            return False
+        static = config.static()
+        for direction, state in self.directions.items():
+            if state.total_rate > state.peak_rate:
+                state.peak_rate = state.total_rate
+            base = static.get(direction) or self.learned.get(direction) or state.peak_rate
+            if state.total_rate > LIGHT_FRACTION * base:
+                return False
+        return True
+
+    def peer_factor(self, now_ms: int) -> float | None:
+        """The lowest adaptive factor a fresh peer reported (None: none reported)."""
+        if self.peers is None:
+            return None
+        values = self.peers.view(CapacityStream.CAPACITY_FACTOR).fresh_values(("", ""), now_ms)
+        return min(values) if values else None
+
+
+__all__ = [
+    "DEFAULT_MAX_TENANTS", "DIRECTIONS", "GREEDY_RATIO", "HEADROOM", "MAX_CAPACITY_THROTTLE_WINDOWS",
+    "OVERFLOW_TENANT", "REFRESH_INTERVAL_MS", "CapacityConfig", "CapacityError", "CapacityManager",
+    "DirectionState", "Flow",
+]
