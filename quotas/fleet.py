@@ -30,12 +30,14 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from .fleet_datagram import (
+    KINDS_BY_NAME,
     MAX_CLOCK_SKEW_MS,
     MAX_DATAGRAM_BYTES,
     MAX_FLEET_NAME_BYTES,
     MAX_LITERAL_NAME_BYTES,
     MIN_SECRET_BYTES,
     REJECT_REASONS,
+    USAGE_KINDS,
     DatagramRejected,
     NameItems,
     UsageEntry,
@@ -44,7 +46,7 @@ from .fleet_datagram import (
     encode_usage,
     wire_name,
 )
-from .types import QuotaType
+from .types import UsageKind
 
 #: A peer's entry counts at full weight for this long after its last update: three full syncs
 #: (`full_sync_interval_ms` 1000), so two lost full syncs in a row change nothing.
@@ -145,7 +147,7 @@ class PeerView:
 
     __slots__ = ("_peers", "has_digests", "quota", "reports")
 
-    def __init__(self, peers: PeerUsage, quota: QuotaType) -> None:
+    def __init__(self, peers: PeerUsage, quota: UsageKind) -> None:
         self._peers = peers
         self.quota = quota
         #: (user, client-id) in wire form -> the slots of the peers reporting it
@@ -185,6 +187,15 @@ class PeerView:
         age = now_ms - slot.updated_ms - self._peers.stale_after_ms
         return slot.rate if age <= 0 else slot.rate * max(0.0, 1.0 - age / self._peers.quota_window_ms)
 
+    def fresh_values(self, key: tuple[str, str], now_ms: int) -> list[float]:
+        """Each peer's value for `key` reported within `stale_after_ms`, unweighted: for values
+        that are not rates and must not fade towards 0 (the adaptive factor)."""
+        reports = self.reports.get(key)
+        if reports is None:
+            return []
+        stale = self._peers.stale_after_ms
+        return [slot.rate for slot in reports.slots if now_ms - slot.updated_ms <= stale]
+
     def rates(self, now_ms: int) -> dict[tuple[str, str], float]:
         """Every reported bucket with its peers' weighted rate (for metrics; not for the hot path)."""
         return {key: self.rate(key, now_ms) for key in self.reports}
@@ -217,7 +228,7 @@ class PeerUsage:
         #: this member's own incarnation id: its own datagrams (a peer list naming every member,
         #: this one included) are ignored rather than counted twice
         self.own_sender = own_sender
-        self._views = {quota: PeerView(self, quota) for quota in QuotaType}
+        self._views = {quota: PeerView(self, quota) for quota in USAGE_KINDS}
         self._views_by_name = {quota._name_: view for quota, view in self._views.items()}
         #: every slot, least recently updated first (expiry and eviction take from the front)
         self._order: OrderedDict[_Slot, None] = OrderedDict()
@@ -225,7 +236,7 @@ class PeerUsage:
         #: entries evicted because `max_entries` was reached (their usage dropped early)
         self.evicted = 0
 
-    def view(self, quota: QuotaType) -> PeerView:
+    def view(self, quota: UsageKind) -> PeerView:
         """The view a quota manager keeps (see `PeerView.rate`)."""
         return self._views[quota]
 
@@ -305,11 +316,11 @@ class PeerUsage:
             del by_key[slot.key]
         slot.sender.entries -= 1
 
-    def peer_rate(self, quota: QuotaType, user: str, client_id: str, now_ms: int) -> float:
+    def peer_rate(self, quota: UsageKind, user: str, client_id: str, now_ms: int) -> float:
         """Sum over peers of their weighted rates for this bucket key (see `PeerView.rate`)."""
         return self._views[quota].rate((user, client_id), now_ms)
 
-    def sender_rates(self, quota: QuotaType, user: str, client_id: str, now_ms: int) -> dict[int, float]:
+    def sender_rates(self, quota: UsageKind, user: str, client_id: str, now_ms: int) -> dict[int, float]:
         """Each peer's weighted rate for one bucket (introspection: which member brings what)."""
         view = self._views[quota]
         reports = view.reports.get((wire_name(user), wire_name(client_id)))
@@ -398,7 +409,7 @@ class UsageTracker:
             listed[key] = rate
         for (name, user, client_id), last in sent.items():
             if last:
-                out.append(UsageEntry(QuotaType[name], user, client_id, 0.0))
+                out.append(UsageEntry(KINDS_BY_NAME[name], user, client_id, 0.0))
         self._sent = listed
         return out
 

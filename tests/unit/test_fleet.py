@@ -259,8 +259,8 @@ def test_other_fleet_old_and_future_datagrams_are_rejected() -> None:
     (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x02\xff\xfe" + bytes(4), "UnicodeDecodeError"),
     (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x01u\x00\x01\x00\x00\x05" +
      struct.pack("!f", 1.0) + bytes(2), "IndexError"),
-    (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x01u\x00\x01\x09\x00\x00" +
-     struct.pack("!f", 1.0) + bytes(2), "unknown quota code 9"),
+    (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x01u\x00\x01\x63\x00\x00" +
+     struct.pack("!f", 1.0) + bytes(2), "unknown quota code 99"),
     (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x01u\x00\x01\x00\x00\x00" +
      struct.pack("!f", float("nan")) + bytes(2), "rate nan"),
     (b"\x01\x00\x00" + struct.pack("!QQQ", 1, 1, NOW) + b"\x01\x01u\x00\x01\x00\x00\x00" +
