@@ -15,26 +15,31 @@ sends what it is allowed, so its true demand is hidden). Each tenant's rate is K
 rate (11 x 1 s) of what it was charged, summed over the fleet. Following how max-min allocators
 that cannot ask their clients estimate demand (a flow held at its allocation is "bottlenecked",
 as in max-min flow control and DRF's progressive filling; Strimzi's plugin has no demand notion),
-a tenant is taken as *greedy* when its rate reaches GREEDY_RATIO of its allocation: it is using
-what it was given, so it may want more, and it claims the whole capacity (bounded by its own
-quota). Any other tenant claims HEADROOM times its rate: room to grow before the next refresh,
-and stable (its rate is 1/HEADROOM of its claim, below GREEDY_RATIO, so it stays non-greedy until
-it really grows). A tenant younger than the padded window is measured over the time it has
+a tenant is taken as *greedy* when the capacity throttled it since the previous refresh (the
+direct evidence of hidden demand), or when its rate reaches GREEDY_RATIO of its allocation: it is
+using what it was given, so it may want more. A greedy tenant claims the whole capacity (bounded
+by its own quota). Any other tenant claims HEADROOM times its rate: room to grow before the next
+refresh, and stable (its rate is 1/HEADROOM of its claim, below GREEDY_RATIO, so it stays
+non-greedy until it really grows). A tenant younger than the padded window is measured over the time it has
 existed, not over Kafka's padded window (which shows a new client's rate low: that is its burst
 allowance, and its throttle still uses it). The price of the headroom: up to HEADROOM - 1 of the
 non-greedy tenants' rates stays reserved for their growth, never more than that.
 
 Allocations are recomputed every `refresh` (the I/O layer calls it every REFRESH_INTERVAL_MS);
-a charge only records and compares, so deciding costs one extra windowed rate per charge.
+a charge only records into its tenant's rate and, while the capacity binds, its token bucket.
 
-The capacity throttle is a token bucket per tenant refilled at its allocation, with a burst of
-one second of it (the "smooth" shape's bucket, token_bucket.py), used only while the capacity
-binds. Not Kafka's windowed formula: with an 11 s padded window, greedy tenants move in an 11 s
-sawtooth, all bursting at once when their windows expire, so the cluster would see several times
-the capacity for seconds at a time, which is what a capacity exists to prevent (in simulation the
-shares also came out 0.70 / 0.18 / 0.18 instead of 0.60 / 0.20 / 0.20). The throttle is bounded by
+The capacity throttle is a token bucket per tenant refilled at its weight times the water level
+(the allocation a greedy tenant of its weight gets), with a burst of one second of it (the
+"smooth" shape's bucket, token_bucket.py), used only while the capacity binds. Not Kafka's
+windowed formula: with an 11 s padded window, greedy tenants move in an 11 s sawtooth, all
+bursting at once when their windows expire, so the cluster would see several times the capacity
+for seconds at a time, which is what a capacity exists to prevent (in simulation the shares also
+came out 0.70 / 0.18 / 0.18 instead of 0.60 / 0.20 / 0.20). The throttle is bounded by
 MAX_CAPACITY_THROTTLE_WINDOWS windows. The engine returns the larger of it and the quotas'
-throttle; Kafka's quotas keep their exact semantics.
+throttle; Kafka's quotas keep their exact semantics. Refilling every tenant at its weighted level,
+not at its claim, means a tenant is never throttled below its fair share: one that grows past
+its claim is served up to its share at once and becomes greedy at the next refresh (its rate
+rises, or the level throttles it); until then the total may pass the capacity by that growth.
 
 In a fleet, each member lists its tenants' own rates in the usage exchange (CapacityStream
 entries) and adds its peers' to them at every refresh, so every member computes the same
@@ -86,6 +91,8 @@ DEFAULT_MAX_TENANTS = 50_000
 OVERFLOW_TENANT = BucketKey("__overflow__", "__overflow__")
 
 _UNLIMITED = math.inf
+#: the slowest a bucket refills (units/s): a capacity of 0 would otherwise never refill it
+_MIN_REFILL = 1e-3
 
 
 class CapacityError(ValueError):
@@ -181,8 +188,12 @@ class DirectionState:
     contended: bool = False
     #: the capacity shared at the last refresh (None: no limit now)
     effective: float | None = None
+    #: the water level: a greedy tenant of weight w is allocated w x level (0: not binding)
+    level: float = 0.0
     #: fleet-wide rate (own + peers') summed over tenants at the last refresh
     total_rate: float = 0.0
+    #: when the last refresh ran
+    refreshed_ms: int = 0
     #: the highest `total_rate` seen (what "light" is judged against without a capacity)
     peak_rate: float = 0.0
     #: tenants only peers report, with their rate, at the last refresh
@@ -213,6 +224,10 @@ class CapacityManager:
         self.max_throttle_ms = MAX_CAPACITY_THROTTLE_WINDOWS * window.window_ms
         #: the latest end of any capacity throttle (a quick test for `remaining_throttle_ms`)
         self.throttled_until_ms = 0
+        #: whether the tenant's bucket was in debt before the latest throttling `record`: a fetch
+        #: that finds it out of debt is delivered and paid back by its throttle (as the smooth
+        #: shape does), else a response larger than the burst would be emptied every time
+        self.in_debt = False
         #: the fleet's merged peer usage (None: a lone proxy)
         self.peers: PeerUsage | None = None
         self._charged: dict[QuotaType, set[BucketKey]] = {}
@@ -296,6 +311,7 @@ class CapacityManager:
         tokens = flow.tokens
         if tokens is None:
             tokens = flow.tokens = TokenBucket()
+        self.in_debt = tokens.level(allocation, now_ms) < 0.0
         throttle = tokens.record(value, allocation, now_ms)
         if throttle > 0:
             if throttle > self.max_throttle_ms:
@@ -364,7 +380,8 @@ class CapacityManager:
                 rate = own + peer
                 total += rate
                 bound = flow.allocation
-                flow.greedy = bound != _UNLIMITED and rate >= GREEDY_RATIO * bound
+                flow.greedy = bound != _UNLIMITED and (flow.throttled_until_ms > state.refreshed_ms
+                                                       or rate >= GREEDY_RATIO * bound)
                 claim = ceiling if flow.greedy else rate * HEADROOM
                 if flow.cap is not None and claim > flow.cap:
                     claim = flow.cap
@@ -385,6 +402,7 @@ class CapacityManager:
                         claims.append(Claim(key, ceiling if greedy else rate * HEADROOM, self._weight(key)))
             state.peer_only = peer_only
             state.total_rate = total
+            state.refreshed_ms = now_ms
             if capacity is None:
                 state.contended = False
                 for flow in flows.values():
@@ -393,14 +411,17 @@ class CapacityManager:
                 state.peer_allocations = {}
                 continue
             allocation = water_fill(capacity, claims)
-            state.contended = any(allocation[c.key] < c.bound for c in claims)
+            unsatisfied = [allocation[c.key] / c.weight for c in claims if allocation[c.key] < c.bound]
+            state.contended = bool(unsatisfied)
+            level = state.level = max(unsatisfied, default=0.0)
             for flow in flows.values():
                 if not state.contended:
                     flow.allocation = flow.local_allocation = _UNLIMITED
                     flow.tokens = None
                     continue
-                share = flow.allocation = allocation.get(flow.key, _UNLIMITED)
-                flow.local_allocation = max(share - flow.peer_rate, FLEET_MIN_SLICE * share)
+                flow.allocation = allocation.get(flow.key, _UNLIMITED)
+                share = flow.weight * level
+                flow.local_allocation = max(share - flow.peer_rate, FLEET_MIN_SLICE * share, _MIN_REFILL)
             state.peer_allocations = {key: allocation[key] for key in peer_only} if state.contended else {}
 
     def _demand_rate(self, flow: Flow, now_ms: int) -> float:

@@ -236,6 +236,7 @@ class QuotaEngine:
                                               charge.bound if charge.bucket is not None else None, now_ms)
                 if by_capacity:
                     capacity_type = QuotaType.PRODUCE
+        fetch_in_debt = True
         if fetch_bytes:
             charge = fetch_charge = managers[QuotaType.FETCH].record(user, client_id, fetch_bytes, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
@@ -243,6 +244,7 @@ class QuotaEngine:
             if capacity is not None:
                 throttle = capacity.record(QuotaType.FETCH, user, client_id, fetch_bytes,
                                            charge.bound if charge.bucket is not None else None, now_ms)
+                fetch_in_debt = capacity.in_debt
                 if throttle > by_capacity:
                     by_capacity, capacity_type = throttle, QuotaType.FETCH
         if producer_ids:
@@ -270,8 +272,8 @@ class QuotaEngine:
         if usage is not None:
             usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms, new)
         if capacity_type is not None and (worst is None or by_capacity > worst.throttle_ms):
-            return self._capacity_verdict(user, client_id, capacity_type, by_capacity, fetch_charge,
-                                          fetch_bytes, now_ms)
+            return self._capacity_verdict(user, client_id, capacity_type, by_capacity,
+                                          fetch_charge if fetch_in_debt else None, fetch_bytes, now_ms)
         if worst is None or worst_type is None:
             return NO_THROTTLE
         managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
@@ -292,15 +294,17 @@ class QuotaEngine:
         return Verdict(worst.throttle_ms, worst_type, deliver)
 
     def _capacity_verdict(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int,
-                          fetch_charge: Charge | None, fetch_bytes: int, now_ms: int) -> Verdict:
+                          empty_fetch: Charge | None, fetch_bytes: int, now_ms: int) -> Verdict:
         """The capacity's throttle won: count it apart from the quotas' (its own counters and
-        usage-event key); a fetch is emptied and taken back, as for a quota."""
+        usage-event key). A fetch (`empty_fetch`) whose tenant's bucket was already in debt is
+        emptied and taken back, as Kafka does for a quota; one that found the bucket out of
+        debt is delivered and paid back by its throttle (see CapacityManager.in_debt)."""
         self.capacity.record_throttle(direction, user, client_id, throttle_ms)
         if self.usage is not None:
             self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
-        if fetch_charge is not None:
-            self._take_back_fetch(user, client_id, fetch_charge, fetch_bytes, now_ms)
-        return Verdict(throttle_ms, direction, False, True)
+        if empty_fetch is not None:
+            self._take_back_fetch(user, client_id, empty_fetch, fetch_bytes, now_ms)
+        return Verdict(throttle_ms, direction, empty_fetch is None and fetch_bytes > 0, True)
 
     def _take_back_fetch(self, user: str, client_id: str, charge: Charge, fetch_bytes: int,
                          now_ms: int) -> None:
