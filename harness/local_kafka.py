@@ -322,6 +322,13 @@ class LocalKafka:
         assert self.workdir is not None, "not started"
         return self.workdir / f"node-{node_id}" / "server.log"
 
+    def pid(self, node_id: int) -> int:
+        """The JVM process id of node `node_id` (tests slow a broker from outside: SIGSTOP/SIGCONT)."""
+        for node in self._nodes:
+            if node.node_id == node_id and node.proc is not None:
+                return node.proc.pid
+        raise KeyError(f"no running node {node_id}")
+
     def alive(self) -> bool:
         """True while every node's JVM is running."""
         return bool(self._nodes) and all(n.proc is not None and n.proc.poll() is None for n in self._nodes)

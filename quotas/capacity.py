@@ -307,12 +307,18 @@ class CapacityManager:
             self._charged[direction].add(key)
         allocation = flow.local_allocation
         if not state.contended or allocation == _UNLIMITED:
+            self.in_debt = False
             return 0
         tokens = flow.tokens
         if tokens is None:
             tokens = flow.tokens = TokenBucket()
-        self.in_debt = tokens.level(allocation, now_ms) < 0.0
-        throttle = tokens.record(value, allocation, now_ms)
+        level = tokens.level(allocation, now_ms)
+        self.in_debt = level < 0.0
+        if self.in_debt and direction is QuotaType.FETCH:
+            # answered empty (see QuotaEngine): not charged, held until the bucket is back at zero
+            throttle = math.ceil(-level / allocation * 1000.0)
+        else:
+            throttle = tokens.record(value, allocation, now_ms)
         if throttle > 0:
             if throttle > self.max_throttle_ms:
                 throttle = self.max_throttle_ms
@@ -323,14 +329,16 @@ class CapacityManager:
                     self.throttled_until_ms = until
         return throttle
 
-    def unrecord(self, direction: QuotaType, user: str, client_id: str, value: float, now_ms: int) -> None:
-        """Take a charge back (a throttled fetch's records are not delivered)."""
+    def unrecord(self, direction: QuotaType, user: str, client_id: str, value: float, now_ms: int,
+                 tokens: bool = True) -> None:
+        """Take a charge back (a throttled fetch's records are not delivered); `tokens`: its
+        bucket was charged too (a fetch that found it in debt was not)."""
         state = self.directions.get(direction)
         if state is not None:
             flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
             if flow is not None:
                 flow.rate.unrecord(value, now_ms)
-                if flow.tokens is not None and flow.local_allocation != _UNLIMITED:
+                if tokens and flow.tokens is not None and flow.local_allocation != _UNLIMITED:
                     flow.tokens.unrecord(value, flow.local_allocation, now_ms)
 
     def record_throttle(self, direction: QuotaType, user: str, client_id: str, throttle_ms: int) -> None:
@@ -350,7 +358,9 @@ class CapacityManager:
         if state is None:
             return 0
         flow = state.flows.get(self.tenant(user, client_id)[0])
-        return 0 if flow is None else max(flow.throttled_until_ms - now_ms - 1, 0)
+        # exactly the throttle's end (a quota's hold ends 1 ms early): a held fetch that arrived
+        # before the bucket is back at zero would be answered empty
+        return 0 if flow is None else max(flow.throttled_until_ms - now_ms, 0)
 
     # -- the periodic refresh ------------------------------------------------------------------
 
@@ -365,6 +375,8 @@ class CapacityManager:
             capacity = self.capacity(direction)
             state.effective = capacity
             claims: list[Claim[BucketKey]] = []
+            #: claims of everything there is: the capacity binds them even when the claims fit
+            unbounded: set[BucketKey] = set()
             total = 0.0
             ceiling = capacity if capacity is not None else 0.0
             flows = state.flows
@@ -388,6 +400,8 @@ class CapacityManager:
                 flow.demand = claim if capacity is not None else rate
                 if capacity is not None:
                     claims.append(Claim(key, claim, flow.weight, flow.cap))
+                    if flow.greedy and claim >= ceiling:
+                        unbounded.add(key)
             peer_only: dict[BucketKey, float] = {}
             if view is not None:
                 for wire_key, rate in view.rates(now_ms).items():
@@ -400,6 +414,8 @@ class CapacityManager:
                         before = state.peer_allocations.get(key, _UNLIMITED)
                         greedy = before != _UNLIMITED and rate >= GREEDY_RATIO * before
                         claims.append(Claim(key, ceiling if greedy else rate * HEADROOM, self._weight(key)))
+                        if greedy:
+                            unbounded.add(key)
             state.peer_only = peer_only
             state.total_rate = total
             state.refreshed_ms = now_ms
@@ -411,7 +427,10 @@ class CapacityManager:
                 state.peer_allocations = {}
                 continue
             allocation = water_fill(capacity, claims)
-            unsatisfied = [allocation[c.key] / c.weight for c in claims if allocation[c.key] < c.bound]
+            # A greedy tenant's claim (the whole capacity) is never satisfied, even when the claims
+            # fit (a lone greedy tenant): the capacity binds it, or it would burst every other refresh.
+            unsatisfied = [allocation[c.key] / c.weight for c in claims
+                           if allocation[c.key] < c.bound or c.key in unbounded]
             state.contended = bool(unsatisfied)
             level = state.level = max(unsatisfied, default=0.0)
             for flow in flows.values():

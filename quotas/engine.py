@@ -290,7 +290,7 @@ class QuotaEngine:
             # during the throttle) is emptied and taken back.
             deliver = self.config.quota_shape == SMOOTH and not fetch_charge.in_debt
             if not deliver:
-                self._take_back_fetch(user, client_id, fetch_charge, fetch_bytes, now_ms)
+                self._take_back_fetch(user, client_id, fetch_charge, fetch_bytes, now_ms, not fetch_in_debt)
         return Verdict(worst.throttle_ms, worst_type, deliver)
 
     def _capacity_verdict(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int,
@@ -303,15 +303,16 @@ class QuotaEngine:
         if self.usage is not None:
             self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
         if empty_fetch is not None:
-            self._take_back_fetch(user, client_id, empty_fetch, fetch_bytes, now_ms)
+            self._take_back_fetch(user, client_id, empty_fetch, fetch_bytes, now_ms, False)
         return Verdict(throttle_ms, direction, empty_fetch is None and fetch_bytes > 0, True)
 
     def _take_back_fetch(self, user: str, client_id: str, charge: Charge, fetch_bytes: int,
-                         now_ms: int) -> None:
-        """A throttled fetch answered empty: its bytes count nowhere (Kafka un-records them)."""
+                         now_ms: int, capacity_tokens: bool) -> None:
+        """A throttled fetch answered empty: its bytes count nowhere (Kafka un-records them);
+        `capacity_tokens`: the capacity's bucket was charged for it too."""
         self.managers[QuotaType.FETCH].unrecord(charge, fetch_bytes, now_ms)
         if self.capacity.directions:
-            self.capacity.unrecord(QuotaType.FETCH, user, client_id, fetch_bytes, now_ms)
+            self.capacity.unrecord(QuotaType.FETCH, user, client_id, fetch_bytes, now_ms, capacity_tokens)
         if self.usage is not None:
             self.usage.unrecord_fetch(user, client_id, fetch_bytes)
 

@@ -5,6 +5,13 @@ own windowed rate gauges (the numbers its throttling decisions use, like a broke
 the quota in force (`kthrottle_quota_limit`) and the throttle counters, which are differentiated
 between two scrapes; per proxy, the connection gauges and the request counters. Sorting and
 filtering the rows is here too; top_view.py lays them out on a screen.
+
+With a `[capacity]` table (docs/protecting-the-cluster.md) the proxy also exports each capacity
+tenant's weight, estimated demand, fleet-wide rate and the throttles the capacity decided, labelled
+like a quota bucket (a tenant is found through the same eight entity levels, on the entities that
+set `share`). They join the row with the same (user, client_id) labels, or make a row of their
+own: a tenant that no quota covers has no quota bucket, so its rates come from the capacity's rate
+gauge (see `build_view`), and the capacity's throttles count in its throttle time like a quota's.
 """
 
 from __future__ import annotations
@@ -42,6 +49,15 @@ REQUEST_BYTES = "kthrottle_request_bytes_total"
 RESPONSE_BYTES = "kthrottle_response_bytes_total"
 THROTTLED_RESPONSES = "kthrottle_throttled_responses_total"
 _PROXY_COUNTERS = (REQUESTS, REQUEST_BYTES, RESPONSE_BYTES, THROTTLED_RESPONSES)
+#: The capacity's per-tenant families (proxy/observability/capacity_metrics.py), labelled
+#: {quota, user, client_id} with `quota` the direction (QuotaType.value).
+CAPACITY_SHARE = "kthrottle_capacity_share"
+CAPACITY_DEMAND = "kthrottle_capacity_demand"
+CAPACITY_RATE = "kthrottle_capacity_tenant_rate"
+CAPACITY_THROTTLE_TIME = "kthrottle_capacity_throttle_time_seconds_total"
+CAPACITY_THROTTLES = "kthrottle_capacity_throttles_total"
+_TENANT_SAMPLES = {LIMIT, THROTTLE_TIME, THROTTLES, CAPACITY_SHARE, CAPACITY_DEMAND, CAPACITY_RATE,
+                   CAPACITY_THROTTLE_TIME, CAPACITY_THROTTLES}
 
 #: The label proxy/observability/metrics.py gives to entities folded beyond `metrics_max_entities`.
 OTHER = "__other__"
@@ -59,8 +75,12 @@ class TenantFigures:
 
     rates: dict[str, float] = field(default_factory=dict)  # quota type -> rate gauge
     limits: dict[str, float] = field(default_factory=dict)  # quota type -> quota in force
-    throttle_seconds: float = 0.0  # counter, summed over quota types
-    throttles: float = 0.0  # counter, summed over quota types
+    throttle_seconds: float = 0.0  # counter, summed over quota types (and the capacity's directions)
+    throttles: float = 0.0  # counter, summed over quota types (and the capacity's directions)
+    #: the capacity tenant's weight (`share`; the same in every direction), None: no capacity tenant
+    weight: float | None = None
+    demands: dict[str, float] = field(default_factory=dict)  # direction -> demand as estimated
+    capacity_rates: dict[str, float] = field(default_factory=dict)  # direction -> fleet-wide rate
 
 
 @dataclass
@@ -93,17 +113,24 @@ def parse_metrics(text: str) -> ProxyFigures:
             name, labels, value = sample.name, sample.labels, sample.value
             if math.isnan(value):
                 continue
-            if name in _RATE_SAMPLES or name in (LIMIT, THROTTLE_TIME, THROTTLES):
+            if name in _RATE_SAMPLES or name in _TENANT_SAMPLES:
                 tenant = (labels.get("user", ""), labels.get("client_id", ""))
                 entry = figures.tenants.setdefault(tenant, TenantFigures())
+                quota = labels.get("quota", "")
                 if name in _RATE_SAMPLES:
                     entry.rates[_RATE_SAMPLES[name]] = value
                 elif name == LIMIT:
-                    entry.limits[labels.get("quota", "")] = value
-                elif name == THROTTLE_TIME:
+                    entry.limits[quota] = value
+                elif name in (THROTTLE_TIME, CAPACITY_THROTTLE_TIME):
                     entry.throttle_seconds += value
-                else:
+                elif name in (THROTTLES, CAPACITY_THROTTLES):
                     entry.throttles += value
+                elif name == CAPACITY_SHARE:
+                    entry.weight = value if entry.weight is None else max(entry.weight, value)
+                elif name == CAPACITY_DEMAND:
+                    entry.demands[quota] = value
+                else:
+                    entry.capacity_rates[quota] = value
             elif name in _PROXY_COUNTERS:
                 figures.counters[name] = figures.counters.get(name, 0.0) + value
             elif name == MUTED:
@@ -160,6 +187,10 @@ class TenantRow:
     throttle_rate: float | None = None  # throttle seconds decided per second, over the last refresh
     throttles_rate: float | None = None  # throttles per second, over the last refresh
     proxies: int = 0  # proxies that have a bucket for this tenant
+    #: its weight as a capacity tenant (`share`), None where no proxy has a capacity tenant for it
+    weight: float | None = None
+    #: its demand per direction as the capacity estimates it (kthrottle_capacity_demand)
+    demands: dict[str, float] = field(default_factory=dict)
 
     @property
     def produce(self) -> float:
@@ -185,6 +216,22 @@ class TenantRow:
         """The share of its most used quota: the one that throttles it first."""
         shares = [s for s in (self.share(q) for q in self.limits) if s is not None]
         return max(shares) if shares else None
+
+    @property
+    def demand(self) -> float | None:
+        """Bytes per second it asks of the cluster: its produce and fetch demands added (None: no
+        capacity figures in either direction).
+
+        Chosen over one direction's demand so that a consumer shows its demand as a producer
+        does, and over a per-direction pair of columns to keep the screen narrow; both are bytes
+        per second, while the request-time direction is a percentage and is left out. The demand is
+        the tenant's claim on the capacity: 1.2 x its rate, or, while it is greedy (held at its
+        allocation), all it may have (the capacity, or its own quota), so a large DEMAND beside a
+        smaller rate reads "held back" (docs/protecting-the-cluster.md).
+        """
+        byte_demands = [self.demands[q] for q in (QuotaType.PRODUCE.value, QuotaType.FETCH.value)
+                        if q in self.demands]
+        return sum(byte_demands) if byte_demands else None
 
     @property
     def throttled(self) -> bool:
@@ -222,12 +269,21 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
     Rates of a fleet are summed over its proxies. A quota is summed too, since each lone proxy
     grants it in full, except among fleet members, which enforce one quota between them (their
     largest is taken).
+
+    The capacity's figures follow the same rule: a fleet member reports each tenant's fleet-wide
+    rate and demand (its own plus its peers'), so among fleet members the largest is taken, while
+    lone proxies each hold a capacity of their own and are summed; the weight is the largest
+    reported. A row with no quota bucket's rate for a direction (no quota covers the tenant there)
+    shows the capacity's rate for it.
     """
     proxies: list[ProxyRow] = []
     tenants: dict[Tenant, TenantRow] = {}
     fleet_limits: dict[Tenant, dict[str, float]] = {}
     throttle_rates: dict[Tenant, list[float | None]] = {}
     throttles_rates: dict[Tenant, list[float | None]] = {}
+    #: capacity demands and rates per tenant and direction: fleet members' (largest), lone proxies' (summed)
+    fleet_capacity: dict[Tenant, tuple[dict[str, float], dict[str, float]]] = {}
+    lone_capacity: dict[Tenant, tuple[dict[str, float], dict[str, float]]] = {}
     for scrape in current:
         figures = scrape.figures
         if figures is None:
@@ -253,6 +309,15 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
                     merged[quota] = max(merged.get(quota, 0.0), limit)
                 else:
                     row.limits[quota] = row.limits.get(quota, 0.0) + limit
+            if entry.weight is not None:
+                row.weight = entry.weight if row.weight is None else max(row.weight, entry.weight)
+            if entry.demands or entry.capacity_rates:
+                into = (fleet_capacity if figures.in_fleet else lone_capacity).setdefault(tenant, ({}, {}))
+                for found, sums in ((entry.demands, into[0]), (entry.capacity_rates, into[1])):
+                    for quota, value in found.items():
+                        known = sums.get(quota)
+                        sums[quota] = (value if known is None else max(known, value) if figures.in_fleet
+                                       else known + value)
             # a bucket the last scrape did not have started from zero since
             prior = None if old is None else old.tenants.get(tenant, TenantFigures())
             throttle_rates.setdefault(tenant, []).append(_counter_rate(
@@ -262,6 +327,14 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
     for tenant, row in tenants.items():
         for quota, limit in fleet_limits.get(tenant, {}).items():
             row.limits[quota] = row.limits.get(quota, 0.0) + limit
+        capacity_rates: dict[str, float] = {}
+        for demands, rates in (fleet_capacity.get(tenant, ({}, {})), lone_capacity.get(tenant, ({}, {}))):
+            for quota, value in demands.items():
+                row.demands[quota] = row.demands.get(quota, 0.0) + value
+            for quota, value in rates.items():
+                capacity_rates[quota] = capacity_rates.get(quota, 0.0) + value
+        for quota, value in capacity_rates.items():
+            row.rates.setdefault(quota, value)  # only where no quota bucket measured it
         row.throttle_rate = _sum_known(throttle_rates.get(tenant, ()))
         row.throttles_rate = _sum_known(throttles_rates.get(tenant, ()))
     answered = [p for p in proxies if p.error is None]

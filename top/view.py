@@ -131,6 +131,7 @@ class Column:
     cell: Callable[[TenantRow], str]
     left: bool = False
     quota: bool = False  # about quotas: hidden while no tenant shown has that quota ("-" in every cell)
+    capacity: bool = False  # about the cluster capacity: hidden while no tenant shown has its figures
 
 
 BAR_WIDTH = 10
@@ -146,6 +147,16 @@ def _limit_bytes(row: TenantRow, quota: str) -> str:
     return "-" if limit is None else human_bytes(limit)
 
 
+def _weight(row: TenantRow) -> str:
+    """A capacity tenant's `share` as configured (3, 0.5, 12.5), "-" without capacity figures."""
+    return "-" if row.weight is None else f"{row.weight:.4g}"
+
+
+def _demand(row: TenantRow) -> str:
+    demand = row.demand
+    return "-" if demand is None else human_bytes(demand)
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("PRODUCE/s", 9, 1, lambda r: human_bytes(r.produce)),
     Column("P-QUOTA", 9, 6, lambda r: _limit_bytes(r, P), quota=True),
@@ -154,6 +165,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("F-QUOTA", 9, 6, lambda r: _limit_bytes(r, F), quota=True),
     Column("F%", 5, 3, lambda r: _percent(r.share(F)), quota=True),
     Column("REQ%", 6, 5, lambda r: f"{r.request:.1f}"),
+    # the cluster capacity (docs/protecting-the-cluster.md): the tenant's weight and its produce +
+    # fetch demand as estimated (TenantRow.demand)
+    Column("SHARE", 5, 5, _weight, capacity=True),
+    Column("DEMAND/s", 9, 4, _demand, capacity=True),
     Column("USE", 5, 2, lambda r: _percent(r.usage), quota=True),
     Column("QUOTA-USE", BAR_WIDTH, 4, lambda r: bar(r.usage, BAR_WIDTH), left=True, quota=True),
     Column("THROTTLE", 8, 1, lambda r: _throttle_text(r.throttle_rate)),
@@ -165,7 +180,8 @@ PROXIES_COLUMN = Column("PROXIES", 7, 7, lambda r: str(r.proxies))
 def _layout(rows: Sequence[TenantRow], width: int, fleet: bool) -> tuple[int, int, list[Column]]:
     """User and client-id widths and the columns that fit `width` (least important dropped first)."""
     columns = [c for c in ([*COLUMNS, PROXIES_COLUMN] if fleet else COLUMNS)
-               if not (c.quota and rows and all(c.cell(r) == "-" for r in rows))]
+               if not (c.quota and rows and all(c.cell(r) == "-" for r in rows))
+               and not (c.capacity and all(c.cell(r) == "-" for r in rows))]  # no [capacity]: never shown
     need_user = max([len("USER"), *(len(_shown(r.user)) for r in rows)])
     need_client = max([len("CLIENT-ID"), *(len(_shown(r.client_id)) for r in rows)])
     user_w, client_w = min(need_user, MAX_NAME_WIDTH), min(need_client, MAX_NAME_WIDTH)

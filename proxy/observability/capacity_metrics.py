@@ -76,7 +76,9 @@ class CapacityMetrics(Collector):
         rate = GaugeMetricFamily("kthrottle_capacity_tenant_rate",
                                  "Each tenant's fleet-wide rate (this member's + its peers')", labels=labels)
         share = GaugeMetricFamily("kthrottle_capacity_fair_share",
-                                  "Each tenant's fair share of the capacity while it binds", labels=labels)
+                                  "Each tenant's fair share of the capacity: its allocation while the "
+                                  "capacity binds, else what it is guaranteed (its weight's part of it)",
+                                  labels=labels)
         weight = GaugeMetricFamily("kthrottle_capacity_share", "Each tenant's weight (the `share` key)",
                                    labels=labels)
         throttle_time = CounterMetricFamily("kthrottle_capacity_throttle_time_seconds",
@@ -94,12 +96,16 @@ class CapacityMetrics(Collector):
             total.add_metric([name], state.total_rate)
             contended.add_metric([name], 1.0 if state.contended else 0.0)
             other = [0.0, 0.0, 0.0, 0, 0]
+            weights = sum(flow.weight for flow in state.flows.values()) or 1.0
             for index, flow in enumerate(state.flows.values()):
+                fair = flow.allocation
+                if fair == float("inf"):  # not binding: the part its weight guarantees
+                    fair = 0.0 if state.effective is None else state.effective * flow.weight / weights
                 fleet_rate = flow.rate.measure(now_ms) + flow.peer_rate
                 if index >= self.max_entities:
                     other[0] += flow.demand
                     other[1] += fleet_rate
-                    other[2] += flow.allocation if flow.allocation != float("inf") else 0.0
+                    other[2] += fair
                     other[3] += flow.throttle_total_ms
                     other[4] += flow.throttle_count
                     continue
@@ -107,15 +113,15 @@ class CapacityMetrics(Collector):
                 demand.add_metric(tenant, flow.demand)
                 rate.add_metric(tenant, fleet_rate)
                 weight.add_metric(tenant, flow.weight)
-                if flow.allocation != float("inf"):
-                    share.add_metric(tenant, flow.allocation)
+                if state.effective is not None:
+                    share.add_metric(tenant, fair)
                 throttle_time.add_metric(tenant, flow.throttle_total_ms / 1000.0)
                 throttles.add_metric(tenant, flow.throttle_count)
             if len(state.flows) > self.max_entities:
                 tenant = [name, OTHER, OTHER]
                 demand.add_metric(tenant, other[0])
                 rate.add_metric(tenant, other[1])
-                if state.contended:
+                if state.effective is not None:
                     share.add_metric(tenant, other[2])
                 throttle_time.add_metric(tenant, other[3] / 1000.0)
                 throttles.add_metric(tenant, other[4])

@@ -23,7 +23,14 @@ Event (schema 1; key: the JSON array [user, client_id]):
     {"schema": 1, "proxy": {"host", "listen", "pid", "member", "fleet"},
      "interval": {"start_ms", "end_ms", "seq"}, "user", "client_id", "produce_bytes", "fetch_bytes",
      "requests": {"Produce": 10, ...}, "request_time_ms", "new_producer_ids",
-     "throttles": {"producer_byte_rate": {"count", "time_ms"}}, "quotas": {"producer_byte_rate": 1e6}}
+     "throttles": {"producer_byte_rate": {"count", "time_ms"}},
+     "capacity_throttles": {"producer_byte_rate": {"count", "time_ms"}},
+     "quotas": {"producer_byte_rate": 1e6}}
+
+`throttles` counts the throttles a quota decided, under that quota's key; `capacity_throttles` the
+ones the cluster capacity decided (the tenant was above its fair share), under the direction's
+quota key, in the same shape. A response throttled by both is counted once, under the larger
+(quotas.engine). Both are `{}` when nothing was throttled.
 """
 
 from __future__ import annotations
@@ -112,6 +119,8 @@ def build_event(identity: dict[str, Any], interval: UsageInterval, user: str, cl
         "new_producer_ids": usage.new_producer_ids,
         "throttles": {quota_type.value: {"count": count, "time_ms": time_ms}
                       for quota_type, (count, time_ms) in usage.throttles.items()},
+        "capacity_throttles": {direction.value: {"count": count, "time_ms": time_ms}
+                               for direction, (count, time_ms) in usage.capacity_throttles.items()},
         "quotas": quotas,
     }
     if folded:

@@ -71,6 +71,12 @@ producer_ids_rate = 1
 [[quota]]
 ip = "<default>"
 connection_creation_rate = 1000000
+
+[capacity]
+produce_byte_rate = 1000000000000
+fetch_byte_rate = 1000000000000
+request_percentage = 1000000.0
+adaptive = true
 """
 
 

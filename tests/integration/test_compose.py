@@ -53,7 +53,8 @@ REQUIRED_ON_DASHBOARD = {
 DASH = "dash"
 #: Quotas of the live run: 1000 B/s for client "dash" (so ~200 KB must throttle it) and a
 #: producer-id quota for every user (so the idempotent producer's id is charged), an ip quota never
-#: reached for every address (so the per-ip series exist).
+#: reached for every address (so the per-ip series exist). And a cluster capacity never reached,
+#: adaptive (so the capacity row's series, the factor's included, exist).
 LIVE_QUOTAS = f"""\
 [[quota]]
 client_id = "{DASH}"
@@ -68,6 +69,12 @@ producer_ids_rate = 1
 [[quota]]
 ip = "<default>"
 connection_creation_rate = 1000000
+
+[capacity]
+produce_byte_rate = 1000000000000
+fetch_byte_rate = 1000000000000
+request_percentage = 1000000.0
+adaptive = true
 """
 
 

@@ -110,6 +110,14 @@ def test_allocations_move_within_one_window_of_a_stop() -> None:
     assert flows["silver"].allocation == pytest.approx(0.25 * C, rel=0.02)
 
 
+def test_a_lone_greedy_tenant_is_held_to_the_capacity() -> None:
+    # its claim (the whole capacity) fits: the capacity must bind it all the same
+    engine = engine_with({"a": 1})
+    clients = [Client("a", 10 * C)]
+    simulate(engine, clients, 0, 40_000)
+    assert rate(clients[0], 15_000, 40_000) / C == pytest.approx(1.0, rel=0.03)
+
+
 def test_under_capacity_nobody_is_throttled() -> None:
     engine = engine_with({"a": 3, "b": 1})
     clients = [Client("a", 0.4 * C), Client("b", 0.4 * C)]

@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (the captured metrics text keeps its long lines)
 """`kthrottle top`'s pure half (top/view.py): parsing, rates, fleet sums, sorting, filtering,
-keys, and screens of every size. The metrics text is a real scrape of `kthrottle run` taken by
+keys, screens of every size, and the cluster capacity's columns. The metrics text is a real scrape of `kthrottle run` taken by
 tests/integration/test_top.py (client ids ingest-a under its quota, ingest-b throttled), with the
 histogram and the families `top` does not read left out.
 """
@@ -10,7 +10,13 @@ from __future__ import annotations
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from proxy.observability.capacity_metrics import CapacityMetrics
+from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
+from quotas.engine import QuotaEngine
+from quotas.entity import QuotaEntity
+from quotas.types import QuotaType
 from top.app import fetch
 from top.figures import (
     REQUESTS,
@@ -396,3 +402,137 @@ def test_at_40_columns_rates_and_throttle_time_stay() -> None:
     text = [line.text for line in render(_view(), ViewState(), 40, 10)]
     assert text[2].split() == ["USER", "CLIENT-ID", "PRODUCE/s", "THROTTLE"]
     assert text[3].split() == ["!", "*", "ingest-b", "1.41MiB", "725ms/s"]
+
+
+# -- the cluster capacity's columns ----------------------------------------------------------
+
+#: What a proxy with a `[capacity]` table adds (the families of proxy/observability/capacity_metrics.py,
+#: as it exports them): tenant "ingest-b" is also a capacity tenant (share 3, the same labels as its
+#: quota bucket), user "gold" is a capacity tenant no quota covers (share 0.5, producing and
+#: consuming, throttled by the capacity), and "ingest-a" has no capacity figures.
+CAPACITY = """\
+# TYPE kthrottle_capacity gauge
+kthrottle_capacity{quota="producer_byte_rate"} 2e+06
+kthrottle_capacity{quota="consumer_byte_rate"} 1e+06
+# TYPE kthrottle_capacity_demand gauge
+kthrottle_capacity_demand{client_id="ingest-b",quota="producer_byte_rate",user=""} 1e+06
+kthrottle_capacity_demand{client_id="",quota="producer_byte_rate",user="gold"} 60000.0
+kthrottle_capacity_demand{client_id="",quota="consumer_byte_rate",user="gold"} 40000.0
+kthrottle_capacity_demand{client_id="",quota="request_percentage",user="gold"} 12.5
+# TYPE kthrottle_capacity_tenant_rate gauge
+kthrottle_capacity_tenant_rate{client_id="ingest-b",quota="producer_byte_rate",user=""} 1.4e+06
+kthrottle_capacity_tenant_rate{client_id="",quota="producer_byte_rate",user="gold"} 50000.0
+kthrottle_capacity_tenant_rate{client_id="",quota="consumer_byte_rate",user="gold"} 20000.0
+# TYPE kthrottle_capacity_share gauge
+kthrottle_capacity_share{client_id="ingest-b",quota="producer_byte_rate",user=""} 3.0
+kthrottle_capacity_share{client_id="",quota="producer_byte_rate",user="gold"} 0.5
+kthrottle_capacity_share{client_id="",quota="consumer_byte_rate",user="gold"} 0.5
+kthrottle_capacity_share{client_id="",quota="request_percentage",user="gold"} 0.5
+# TYPE kthrottle_capacity_throttle_time_seconds_total counter
+kthrottle_capacity_throttle_time_seconds_total{client_id="ingest-b",quota="producer_byte_rate",user=""} 0.0
+kthrottle_capacity_throttle_time_seconds_total{client_id="",quota="producer_byte_rate",user="gold"} 2.0
+kthrottle_capacity_throttle_time_seconds_total{client_id="",quota="consumer_byte_rate",user="gold"} 0.0
+# TYPE kthrottle_capacity_throttles_total counter
+kthrottle_capacity_throttles_total{client_id="ingest-b",quota="producer_byte_rate",user=""} 0.0
+kthrottle_capacity_throttles_total{client_id="",quota="producer_byte_rate",user="gold"} 4.0
+kthrottle_capacity_throttles_total{client_id="",quota="consumer_byte_rate",user="gold"} 0.0
+"""
+GOLD_THROTTLE = 'kthrottle_capacity_throttle_time_seconds_total{client_id="",quota="producer_byte_rate",user="gold"} '
+GOLD_THROTTLES = 'kthrottle_capacity_throttles_total{client_id="",quota="producer_byte_rate",user="gold"} '
+
+
+def test_capacity_figures_join_the_tenants_rows() -> None:
+    figures = parse_metrics(CAPTURED + CAPACITY)
+    assert set(figures.tenants) == {("", "ingest-a"), ("", "ingest-b"), ("gold", "")}
+    gold = figures.tenants[("gold", "")]
+    assert gold.weight == 0.5
+    assert gold.demands == {P: 60_000.0, F: 40_000.0, "request_percentage": 12.5}
+    assert gold.capacity_rates == {P: 50_000.0, F: 20_000.0}
+    assert gold.rates == {} and gold.limits == {}, "no quota covers gold: no quota bucket"
+    assert (gold.throttle_seconds, gold.throttles) == (2.0, 4.0), "the capacity's throttles count"
+    heavy = figures.tenants[("", "ingest-b")]
+    assert heavy.weight == 3.0 and heavy.demands == {P: 1_000_000.0}
+    assert heavy.throttle_seconds == pytest.approx(1.509) and heavy.throttles == 3.0, "quota's + capacity's 0"
+    light = figures.tenants[("", "ingest-a")]
+    assert light.weight is None and light.demands == {} and light.capacity_rates == {}
+
+
+def _capacity_view() -> View:
+    first = scrape_from_text(A, 0.0, CAPTURED + CAPACITY)
+    second = scrape_from_text(A, 2.0, _later(CAPTURED + CAPACITY, **{
+        GOLD_THROTTLE + "2.0": GOLD_THROTTLE + "3.0", GOLD_THROTTLES + "4.0": GOLD_THROTTLES + "8.0"}))
+    return build_view([second], {A: first})
+
+
+def test_rows_show_share_and_demand_and_rows_without_capacity_a_dash() -> None:
+    view = _capacity_view()
+    rows = {(r.user, r.client_id): r for r in view.tenants}
+    gold, heavy, light = rows[("gold", "")], rows[("", "ingest-b")], rows[("", "ingest-a")]
+    assert gold.weight == 0.5 and gold.demand == 100_000.0, "produce + fetch demand; request time left out"
+    assert heavy.weight == 3.0 and heavy.demand == 1_000_000.0
+    assert light.weight is None and light.demand is None
+    # gold has no quota bucket: its rates are the capacity's; ingest-b keeps its quota bucket's rate
+    assert (gold.produce, gold.fetch) == (50_000.0, 20_000.0)
+    assert heavy.produce == pytest.approx(1_480_392.586, abs=0.01)
+    assert gold.throttle_rate == pytest.approx(0.5) and gold.throttles_rate == pytest.approx(2.0)
+    assert gold.throttled, "a tenant the capacity throttles is marked"
+
+    lines = render(view, ViewState(), 200, 12)
+    header = lines[2].text.split()
+    assert header == ["USER", "CLIENT-ID", "PRODUCE/s", "P-QUOTA", "P%", "FETCH/s", "REQ%", "SHARE", "DEMAND/s",
+                      "USE", "QUOTA-USE", "THROTTLE", "THR/s"]
+    cells = {}
+    for line in lines[3:6]:
+        words = line.text.split()
+        flagged = words[0] == "!"
+        words = words[1:] if flagged else words
+        cells[words[1] if words[0] == "*" else words[0]] = (flagged, dict(zip(header[2:], words[2:], strict=True)))
+    assert cells["gold"][0] and cells["gold"][1]["SHARE"] == "0.5" and cells["gold"][1]["DEMAND/s"] == "97.7KiB"
+    assert cells["gold"][1]["PRODUCE/s"] == "48.8KiB" and cells["gold"][1]["P-QUOTA"] == "-"
+    assert cells["ingest-b"][1]["SHARE"] == "3" and cells["ingest-b"][1]["DEMAND/s"] == "977KiB"
+    assert cells["ingest-a"][1]["SHARE"] == "-" and cells["ingest-a"][1]["DEMAND/s"] == "-"
+
+
+def test_capacity_columns_only_show_with_capacity_figures() -> None:
+    header = render(_view(), ViewState(), 200, 10)[2].text.split()
+    assert "SHARE" not in header and "DEMAND/s" not in header, "no [capacity]: no capacity columns"
+    filtered = render(_capacity_view(), ViewState(filter="ingest-a"), 200, 10)[2].text.split()
+    assert "SHARE" not in filtered, "hidden while no tenant shown has capacity figures"
+    narrow = render(_capacity_view(), ViewState(), 60, 10)[2].text.split()
+    assert "SHARE" not in narrow and "THROTTLE" in narrow, "dropped before the rates and throttle time"
+
+
+def _capacity_pair(in_fleet: bool) -> TenantRow:
+    tenant = ("gold", "")
+    a = Scrape(A, 5.0, _figures({tenant: TenantFigures(weight=2.0, demands={P: 300.0, F: 10.0},
+                                                       capacity_rates={P: 250.0})}, in_fleet))
+    b = Scrape(B, 5.0, _figures({tenant: TenantFigures(weight=2.0, demands={P: 500.0},
+                                                       capacity_rates={P: 400.0})}, in_fleet))
+    return build_view([a, b], {}).tenants[0]
+
+
+def test_fleet_members_report_one_fleet_wide_demand_and_lone_proxies_add_up() -> None:
+    fleet = _capacity_pair(in_fleet=True)  # each member's figure is already fleet-wide: the largest
+    assert fleet.demands == {P: 500.0, F: 10.0} and fleet.demand == 510.0 and fleet.produce == 400.0
+    lone = _capacity_pair(in_fleet=False)  # each proxy shares a capacity of its own: summed
+    assert lone.demands == {P: 800.0, F: 10.0} and lone.demand == 810.0 and lone.produce == 650.0
+    assert fleet.weight == lone.weight == 2.0 and fleet.proxies == 2
+
+
+def test_the_proxys_own_capacity_metrics_parse() -> None:
+    """The names and labels `top` reads are the ones the proxy exports (a real CapacityMetrics)."""
+    engine = QuotaEngine()
+    engine.capacity.configure(CapacityConfig(produce_byte_rate=10_000.0))
+    engine.set_quotas({QuotaEntity("gold", None): {QuotaType.SHARE: 3.0}})
+    for now in range(0, 5_000, 50):  # 100 kB/s against 10 kB/s: the capacity binds and throttles
+        if now % REFRESH_INTERVAL_MS == 0:
+            engine.capacity.refresh(now)
+        engine.charge("gold", "etl", now, produce_bytes=5_000)
+    registry = CollectorRegistry()
+    CapacityMetrics(registry, engine.capacity, None, 1000).refresh(5_000)
+    gold = parse_metrics(generate_latest(registry).decode()).tenants[("gold", "")]
+    flow = next(iter(engine.capacity.directions[QuotaType.PRODUCE].flows.values()))
+    assert gold.weight == 3.0 and gold.demands == {P: flow.demand} and flow.demand > 0
+    assert gold.capacity_rates[P] > 0
+    assert gold.throttles == flow.throttle_count > 0
+    assert gold.throttle_seconds == pytest.approx(flow.throttle_total_ms / 1000.0)

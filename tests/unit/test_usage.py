@@ -17,8 +17,9 @@ from protocol.apis import ApiKey
 from protocol.connection import ProxyConnection
 from protocol.frames import frame
 from proxy.observability.usage_events import ProxyIdentity, build_event, encode_events, event_key
+from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
-from quotas.entity import DEFAULT, QuotaEntity
+from quotas.entity import DEFAULT, BucketKey, QuotaEntity
 from quotas.types import QuotaType
 from quotas.usage import OTHER, UsageAccount
 
@@ -86,11 +87,13 @@ def test_entities_past_the_cap_fold_into_other() -> None:
     for user in ("a", "b", "c", "d", "c"):
         account.record(user, "x", ApiKey.PRODUCE, 5, 0, None)
     account.throttled("d", "x", QuotaType.FETCH, 40)
+    account.capacity_throttled("c", "x", QuotaType.PRODUCE, 7)
     interval = account.take(10)
     assert set(interval.entities) == {("a", "x"), ("b", "x"), (OTHER, OTHER)}
     other = interval.entities[(OTHER, OTHER)]
     assert (other.produce_bytes, other.requests, interval.folded_entities) == (15, {ApiKey.PRODUCE: 3}, 2)
     assert other.throttles == {QuotaType.FETCH: [1, 40]}
+    assert other.capacity_throttles == {QuotaType.PRODUCE: [1, 7]}
     assert account.take(20).folded_entities == 0  # the cap is per interval
 
 
@@ -144,6 +147,26 @@ def test_engine_counts_throttles_under_the_deciding_quota_and_takes_back_an_empt
     assert engine.quotas_for("", "slow") == {QuotaType.PRODUCE: 100.0, QuotaType.FETCH: 100.0}
 
 
+def test_engine_counts_capacity_throttles_apart_from_the_quotas() -> None:
+    """A tenant over the cluster capacity (no quota of its own) is throttled by the capacity: the
+    usage counts those throttles under `capacity_throttles`, exactly as the capacity's own counters
+    (kthrottle_capacity_throttles_total), and none under `throttles`."""
+    engine = QuotaEngine()
+    engine.capacity.configure(CapacityConfig(produce_byte_rate=10_000.0))
+    engine.usage = account = UsageAccount(0)
+    throttled = 0
+    for now in range(0, 10_000, 50):  # 100 kB/s offered against a 10 kB/s capacity
+        if now % REFRESH_INTERVAL_MS == 0:
+            engine.capacity.refresh(now)
+        verdict = engine.charge("u", "c", now, produce_bytes=5000, api_key=ApiKey.PRODUCE)
+        throttled += verdict.capacity and verdict.throttle_ms > 0
+    usage = account.take(10_000).entities[("u", "c")]
+    flow = engine.capacity.directions[QuotaType.PRODUCE].flows[BucketKey("u", "c")]
+    assert throttled > 0 and usage.throttles == {}
+    assert usage.capacity_throttles == {QuotaType.PRODUCE: [flow.throttle_count, flow.throttle_total_ms]}
+    assert flow.throttle_count == throttled
+
+
 def test_quotas_in_force_are_resolved_as_charges_are() -> None:
     engine = QuotaEngine()
     assert engine.quotas_for("alice", "etl") == {}
@@ -190,6 +213,9 @@ def test_event_json_follows_schema_1() -> None:
     account.record("alice", "etl", ApiKey.METADATA, 0, 0, 0.0)
     account.record("ANONYMOUS", "", ApiKey.FETCH, 0, 456, 0.0)
     account.throttled("alice", "etl", QuotaType.PRODUCE, 1500)
+    account.capacity_throttled("alice", "etl", QuotaType.PRODUCE, 200)
+    account.capacity_throttled("alice", "etl", QuotaType.PRODUCE, 300)
+    account.capacity_throttled("alice", "etl", QuotaType.FETCH, 40)
     interval = account.take(1_700_000_010_000)
     identity = ProxyIdentity("proxy-a", "0.0.0.0:9192", 42).as_json()
     records = dict(encode_events(engine, identity, interval, sorted(interval.entities)))
@@ -204,11 +230,13 @@ def test_event_json_follows_schema_1() -> None:
         "request_time_ms": 12.5,
         "new_producer_ids": 1,
         "throttles": {"producer_byte_rate": {"count": 1, "time_ms": 1500}},
+        "capacity_throttles": {"producer_byte_rate": {"count": 2, "time_ms": 500},
+                               "consumer_byte_rate": {"count": 1, "time_ms": 40}},
         "quotas": {"producer_byte_rate": 1048576.0},
     }
     anonymous = json.loads(records[b'["ANONYMOUS",""]'])
-    assert (anonymous["fetch_bytes"], anonymous["requests"], anonymous["throttles"], anonymous["quotas"]) == (
-        456, {"Fetch": 1}, {}, {})
+    assert (anonymous["fetch_bytes"], anonymous["requests"], anonymous["throttles"],
+            anonymous["capacity_throttles"], anonymous["quotas"]) == (456, {"Fetch": 1}, {}, {}, {})
 
 
 def test_event_key_is_the_entity_and_an_empty_user_reads_anonymous() -> None:
