@@ -6,9 +6,9 @@ NOT_LEADER_OR_FOLLOWER). Once per tick (a second) this controller compares them 
 healthy and moves a factor in [min_fraction, 1] that scales the capacity (capacity.py):
 
 - **Baseline.** Per (broker, API), the p99 response time of the ticks when the load is light
-  (the caller says so: below half the capacity), smoothed (an EWMA, BASELINE_ALPHA). A baseline is
-  only learned while light, so a cluster that is slow because it is busy never teaches the
-  controller that slow is normal.
+  (the caller says so: below half the capacity), smoothed: fast down, slowly up
+  (BASELINE_ALPHA_DOWN / _UP). A baseline is only learned while light, and rises slowly, so a
+  cluster that is slow because it is busy never teaches the controller that slow is normal.
 - **Degraded** when some (broker, API) with at least MIN_SAMPLES responses in the tick has its p99
   above `latency_tolerance` x its baseline + LATENCY_SLACK_MS (the slack keeps a 2 ms baseline
   from calling 5 ms a storm), or when the strain errors reach ERROR_RATIO of the tick's responses.
@@ -52,8 +52,14 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch"}
 MIN_SAMPLES = 10
 #: Response times kept per (broker, API) per tick (a uniform reservoir beyond).
 MAX_SAMPLES = 4096
+#: Fewer responses than MIN_SAMPLES still judge a (broker, API) when at least this many came and
+#: their median is over the limit (a stalled broker answers little, and slowly); fewer still, or a
+#: median under it with one response over it, only hold the factor where it is.
+MIN_SLOW_SAMPLES = 3
 LATENCY_SLACK_MS = 5.0
-BASELINE_ALPHA = 0.2
+#: A baseline falls fast towards a lower p99 and rises slowly (load creeping up is not health).
+BASELINE_ALPHA_DOWN = 0.5
+BASELINE_ALPHA_UP = 0.05
 #: Strain errors in at least this share of a tick's responses (and at least MIN_ERRORS) degrade.
 ERROR_RATIO = 0.01
 MIN_ERRORS = 3
@@ -145,11 +151,27 @@ class AdaptiveCapacity:
         """
         config = self.config
         worst: tuple[float, str] | None = None
+        hold = False
         for key, tick in self._ticks.items():
-            if len(tick.samples) < MIN_SAMPLES:
-                continue
-            latest = self.latest_p99[key] = p99(tick.samples)
+            samples = tick.samples
             base = self.baselines.get(key)
+            if len(samples) < MIN_SAMPLES:
+                if base is None or not samples:
+                    continue
+                limit = base * config.latency_tolerance + LATENCY_SLACK_MS
+                median = sorted(samples)[len(samples) // 2]
+                if len(samples) >= MIN_SLOW_SAMPLES and median > limit:
+                    latest = self.latest_p99[key] = max(samples)
+                    broker, api = key
+                    ratio = median / limit
+                    if worst is None or ratio > worst[0]:
+                        worst = (ratio, f"broker {broker} {API_NAMES.get(api, api)}: {len(samples)} "
+                                        f"responses, median {median:.0f} ms > {config.latency_tolerance:g} "
+                                        f"x baseline {base:.0f} ms + {LATENCY_SLACK_MS:g} ms")
+                elif max(samples) > limit:
+                    hold = True
+                continue
+            latest = self.latest_p99[key] = p99(samples)
             if base is None:
                 if light:
                     self.baselines[key] = latest
@@ -163,7 +185,8 @@ class AdaptiveCapacity:
                                     f"{config.latency_tolerance:g} x baseline {base:.0f} ms + "
                                     f"{LATENCY_SLACK_MS:g} ms")
             elif light:
-                self.baselines[key] = base + BASELINE_ALPHA * (latest - base)
+                alpha = BASELINE_ALPHA_DOWN if latest < base else BASELINE_ALPHA_UP
+                self.baselines[key] = base + alpha * (latest - base)
         error_count = sum(self._errors.values())
         error_detail = ""
         if error_count >= MIN_ERRORS and error_count >= ERROR_RATIO * self._responses:
@@ -186,7 +209,7 @@ class AdaptiveCapacity:
             self._since_decrease = 0
         else:
             new = min(1.0, old + config.increase_step)
-            if new == old:
+            if new == old or hold:
                 return None
             reason, detail = HEALTHY, "no broker above its baseline, no strain errors"
         self.factor = new

@@ -71,13 +71,19 @@ def test_strain_errors_cut_the_factor_and_are_named() -> None:
     assert "REQUEST_TIMED_OUT from broker 1" in change.detail
 
 
-def test_too_few_samples_are_not_judged() -> None:
+def test_a_stalled_broker_answering_little_still_counts() -> None:
     controller = AdaptiveCapacity()
     feed(controller, 10.0)
     controller.tick(light=True)
-    feed(controller, 500.0, n=MIN_SAMPLES - 1)
+    feed(controller, 500.0, n=MIN_SAMPLES - 1)  # few, all slow: degraded
+    change = controller.tick(light=False)
+    assert change is not None and change.reason == LATENCY and "9 responses, median 500 ms" in change.detail
+    feed(controller, 10.0, n=2)
+    feed(controller, 500.0, n=1)  # too few to judge, one slow: the factor holds
     assert controller.tick(light=False) is None
-    assert controller.factor == 1.0
+    feed(controller, 500.0, n=2)  # fewer than 3: never a cut
+    assert controller.tick(light=False) is None
+    assert controller.factor == pytest.approx(0.7)
 
 
 def test_without_a_static_capacity_the_last_healthy_throughput_is_scaled() -> None:
