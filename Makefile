@@ -56,6 +56,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.tls
 	$(PY) -m bench.fetch_stream
 	$(PY) -m bench.connections
+	$(PY) -m bench.capacity
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
