@@ -524,20 +524,25 @@ class CapacityManager:
         return factor
 
     def light(self) -> bool:
-        """Whether the load is light now: every direction's fleet-wide rate at most LIGHT_FRACTION
-        of its capacity (the static one, else the learned one, else the highest rate seen; a
-        cluster busy from the start is never light, so it never learns busy as healthy)."""
+        """Whether the load is light now: every direction with a capacity (static, or learned
+        while the factor is below 1) at most LIGHT_FRACTION of it. Directions without one do
+        not count, unless none has one (adaptive mode alone): then every direction is judged
+        against the highest rate it was seen at, so a cluster busy from the start is never
+        light and never learns busy as healthy."""
         config = self.config
         if config is None:
             return False
         static = config.static()
+        bases = {direction: static.get(direction) or self.learned.get(direction)
+                 for direction in self.directions}
+        judged = {direction: base for direction, base in bases.items() if base}
         for direction, state in self.directions.items():
             if state.total_rate > state.peak_rate:
                 state.peak_rate = state.total_rate
-            base = static.get(direction) or self.learned.get(direction) or state.peak_rate
-            if state.total_rate > LIGHT_FRACTION * base:
-                return False
-        return True
+            if not judged:
+                judged[direction] = state.peak_rate
+        return all(self.directions[direction].total_rate <= LIGHT_FRACTION * base
+                   for direction, base in judged.items())
 
     def peer_factor(self, now_ms: int) -> float | None:
         """The lowest adaptive factor a fresh peer reported (None: none reported)."""

@@ -98,3 +98,24 @@ def test_without_a_static_capacity_the_last_healthy_throughput_is_scaled() -> No
     assert capacity.capacity(QuotaType.PRODUCE) == pytest.approx(0.7 * healthy)
     capacity.update_factor(1.0, 2000)
     assert capacity.capacity(QuotaType.PRODUCE) is None
+
+
+def test_light_is_judged_against_the_directions_given_a_capacity() -> None:
+    capacity = CapacityManager()
+    capacity.configure(CapacityConfig(produce_byte_rate=1_000_000, adaptive=True))
+    # request time runs at its peak (no capacity of its own): it must not make the load heavy
+    capacity.record(QuotaType.REQUEST, "a", "c", 50.0, None, 0)
+    capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
+    capacity.refresh(1000)
+    assert capacity.light()
+    capacity.record(QuotaType.PRODUCE, "a", "c", 6_000_000, None, 1000)
+    capacity.refresh(1200)
+    assert not capacity.light()
+
+
+def test_adaptive_alone_judges_every_direction_by_its_peak() -> None:
+    capacity = CapacityManager()
+    capacity.configure(CapacityConfig(adaptive=True))
+    capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
+    capacity.refresh(1000)
+    assert not capacity.light()  # busy from the start: at its peak
