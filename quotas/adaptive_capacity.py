@@ -12,8 +12,9 @@ healthy and moves a factor in [min_fraction, 1] that scales the capacity (capaci
 - **Degraded** when some (broker, API) with at least MIN_SAMPLES responses in the tick has its p99
   above `latency_tolerance` x its baseline + LATENCY_SLACK_MS (the slack keeps a 2 ms baseline
   from calling 5 ms a storm), or when the strain errors reach ERROR_RATIO of the tick's responses.
-- **AIMD.** Degraded: the factor is multiplied by `decrease_factor` (0.7), at most once per
-  DECREASE_INTERVAL_TICKS, so the previous cut shows its effect first. Healthy: it grows by
+- **AIMD.** Degraded for DEGRADED_TICKS seconds in a row: the factor is multiplied by
+  `decrease_factor` (0.7), at most once per DECREASE_INTERVAL_TICKS, so the previous cut shows its
+  effect first (one degraded second alone holds the factor). Healthy: it grows by
   `increase_step` (0.05) per tick back to 1. Chosen over a latency gradient (Netflix's
   Gradient2): a gradient keeps moving with every wobble of the latency, which moves every tenant's
   share; AIMD moves only on a clear signal, and each move has a reason to log. It converges like
@@ -64,6 +65,9 @@ BASELINE_ALPHA_UP = 0.05
 ERROR_RATIO = 0.01
 MIN_ERRORS = 3
 DECREASE_INTERVAL_TICKS = 2
+#: Consecutive degraded ticks before a cut: a single bad second (a GC pause, a busy core on a small
+#: machine: a 1 ms baseline met a 40 ms p99 once in a CI run) holds the factor, it does not cut it.
+DEGRADED_TICKS = 2
 
 #: The reasons a factor changes (the metric's label).
 LATENCY = "latency"
@@ -122,6 +126,7 @@ class AdaptiveCapacity:
         self._responses = 0
         self._errors: dict[tuple[int, int], int] = {}
         self._since_decrease = DECREASE_INTERVAL_TICKS
+        self._degraded_ticks = 0
         self._random = random.Random(seed)
 
     def observe(self, broker: int, api_key: int, latency_ms: float, errors: list[int] | None = None) -> None:
@@ -200,14 +205,16 @@ class AdaptiveCapacity:
 
         old = self.factor
         if worst is not None or error_detail:
-            if self._since_decrease < DECREASE_INTERVAL_TICKS:
-                return None
+            self._degraded_ticks += 1
+            if self._degraded_ticks < DEGRADED_TICKS or self._since_decrease < DECREASE_INTERVAL_TICKS:
+                return None  # one bad second alone (a GC pause, a busy core) only holds the factor
             new = max(config.min_fraction, old * config.decrease_factor)
             reason, detail = (LATENCY, worst[1]) if worst is not None else (ERRORS, error_detail)
             if new == old:
                 return None
             self._since_decrease = 0
         else:
+            self._degraded_ticks = 0
             new = min(1.0, old + config.increase_step)
             if new == old or hold:
                 return None

@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from harness.local_kafka import LocalKafka
+from tests.integration.clients import wait_until
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, produce_for, report
 from tests.integration.test_quotas import _topic
@@ -153,7 +154,9 @@ def test_a_broker_slowed_by_sigstop_lowers_the_factor_and_it_recovers(
         proxy.set_quotas(SHARES)
         gold = Gold(proxy.bootstrap, topic, 34)
         time.sleep(8)  # light traffic: baselines learned
-        assert proxy.metric("kthrottle_capacity_factor") == 1.0
+        # healthy before the bursts (a stray cut from the machine's own noise has recovered)
+        wait_until(lambda: proxy.metric("kthrottle_capacity_factor") == 1.0, 10,
+                   "factor at 1.0 before the bursts")
         pid = kafka_cluster.pid(2)
         lowest = 1.0
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quotas.adaptive_capacity import (
+    DEGRADED_TICKS,
     ERRORS,
     HEALTHY,
     LATENCY,
@@ -39,6 +40,8 @@ def test_latency_cuts_multiplicatively_then_healthy_ticks_add_back() -> None:
     controller.tick(light=True)
     feed(controller, 80.0, broker=2)  # a new broker: no baseline yet, never judged
     feed(controller, 80.0)
+    assert controller.tick(light=False) is None  # one bad second only holds the factor
+    feed(controller, 80.0)
     change = controller.tick(light=False)
     assert change is not None and change.reason == LATENCY
     assert change.new == pytest.approx(0.7)
@@ -65,8 +68,9 @@ def test_strain_errors_cut_the_factor_and_are_named() -> None:
     controller = AdaptiveCapacity()
     feed(controller, 10.0)
     controller.tick(light=True)
-    feed(controller, 10.0, n=100, errors=[REQUEST_TIMED_OUT])
-    change = controller.tick(light=False)
+    for _ in range(DEGRADED_TICKS):
+        feed(controller, 10.0, n=100, errors=[REQUEST_TIMED_OUT])
+        change = controller.tick(light=False)
     assert change is not None and change.reason == ERRORS
     assert "REQUEST_TIMED_OUT from broker 1" in change.detail
 
@@ -75,8 +79,9 @@ def test_a_stalled_broker_answering_little_still_counts() -> None:
     controller = AdaptiveCapacity()
     feed(controller, 10.0)
     controller.tick(light=True)
-    feed(controller, 500.0, n=MIN_SAMPLES - 1)  # few, all slow: degraded
-    change = controller.tick(light=False)
+    for _ in range(DEGRADED_TICKS):
+        feed(controller, 500.0, n=MIN_SAMPLES - 1)  # few, all slow: degraded
+        change = controller.tick(light=False)
     assert change is not None and change.reason == LATENCY and "9 responses, median 500 ms" in change.detail
     feed(controller, 10.0, n=2)
     feed(controller, 500.0, n=1)  # too few to judge, one slow: the factor holds
