@@ -74,6 +74,7 @@ GREEDY_RATIO = 0.9
 #: How often the I/O layer recomputes the allocations (`refresh`).
 REFRESH_INTERVAL_MS = 200
 
+
 #: A capacity throttle lasts at most this many quota windows (10 s by default): allocations move as
 #: tenants come and go, so one delay should not outlast the share it was computed from, yet a
 #: client sending large requests must still be held to its share on average.
@@ -194,6 +195,14 @@ class DirectionState:
     total_rate: float = 0.0
     #: when the last refresh ran
     refreshed_ms: int = 0
+    #: what was sent since the last refresh unmetered (nothing bound, or by a tenant new since
+    #: then, which has no allocation yet): past one refresh
+    #: interval's worth of the capacity, `record` refreshes at once. Without it, consumers starting
+    #: together fetched 20x a fetch capacity for the seconds before the first refreshes saw them
+    #: (each fetch response is megabytes, answered in milliseconds while nothing binds). A refresh
+    #: costs O(tenants), but how many run early is bounded by bytes, not time: each needs another
+    #: interval's worth, and the demands reach the capacity within a window's worth of it.
+    unmetered: float = 0.0
     #: the highest `total_rate` seen (what "light" is judged against without a capacity)
     peak_rate: float = 0.0
     #: tenants only peers report, with their rate, at the last refresh
@@ -308,6 +317,10 @@ class CapacityManager:
         allocation = flow.local_allocation
         if not state.contended or allocation == _UNLIMITED:
             self.in_debt = False
+            if state.effective is not None:  # nothing binds, or a tenant new since the refresh
+                state.unmetered += value
+                if state.unmetered > state.effective * REFRESH_INTERVAL_MS / 1000.0:
+                    self._refresh_direction(direction, state, now_ms)
             return 0
         tokens = flow.tokens
         if tokens is None:
@@ -371,77 +384,82 @@ class CapacityManager:
         expiry does): a new flow for the same tenant measures exactly as the old one would.
         """
         for direction, state in self.directions.items():
-            view = self.peers.view(CAPACITY_STREAMS[direction]) if self.peers is not None else None
-            capacity = self.capacity(direction)
-            state.effective = capacity
-            claims: list[Claim[BucketKey]] = []
-            #: claims of everything there is: the capacity binds them even when the claims fit
-            unbounded: set[BucketKey] = set()
-            total = 0.0
-            ceiling = capacity if capacity is not None else 0.0
-            flows = state.flows
-            for key in list(flows):
-                flow = flows[key]
-                own = self._demand_rate(flow, now_ms)
-                peer = view.rate(key, now_ms) if view is not None else 0.0
-                flow.peer_rate = peer
-                if own == 0.0 and peer == 0.0 and flow.rate.expired(now_ms) \
-                        and flow.throttled_until_ms <= now_ms:
-                    del flows[key]
-                    continue
-                rate = own + peer
-                total += rate
-                bound = flow.allocation
-                flow.greedy = bound != _UNLIMITED and (flow.throttled_until_ms > state.refreshed_ms
-                                                       or rate >= GREEDY_RATIO * bound)
-                claim = ceiling if flow.greedy else rate * HEADROOM
-                if flow.cap is not None and claim > flow.cap:
-                    claim = flow.cap
-                flow.demand = claim if capacity is not None else rate
-                if capacity is not None:
-                    claims.append(Claim(key, claim, flow.weight, flow.cap))
-                    if flow.greedy and claim >= ceiling:
-                        unbounded.add(key)
-            peer_only: dict[BucketKey, float] = {}
-            if view is not None:
-                for wire_key, rate in view.rates(now_ms).items():
-                    key = BucketKey(*wire_key)
-                    if key in flows or rate <= 0.0:
-                        continue
-                    peer_only[key] = rate
-                    total += rate
-                    if capacity is not None:
-                        before = state.peer_allocations.get(key, _UNLIMITED)
-                        greedy = before != _UNLIMITED and rate >= GREEDY_RATIO * before
-                        claims.append(Claim(key, ceiling if greedy else rate * HEADROOM, self._weight(key)))
-                        if greedy:
-                            unbounded.add(key)
-            state.peer_only = peer_only
-            state.total_rate = total
-            state.refreshed_ms = now_ms
-            if capacity is None:
-                state.contended = False
-                for flow in flows.values():
-                    flow.allocation = flow.local_allocation = _UNLIMITED
-                    flow.tokens = None
-                state.peer_allocations = {}
+            self._refresh_direction(direction, state, now_ms)
+
+    def _refresh_direction(self, direction: QuotaType, state: DirectionState, now_ms: int) -> None:
+        """`refresh` for one direction (also run early from `record`: see DirectionState.unmetered)."""
+        view = self.peers.view(CAPACITY_STREAMS[direction]) if self.peers is not None else None
+        capacity = self.capacity(direction)
+        state.effective = capacity
+        claims: list[Claim[BucketKey]] = []
+        #: claims of everything there is: the capacity binds them even when the claims fit
+        unbounded: set[BucketKey] = set()
+        total = 0.0
+        ceiling = capacity if capacity is not None else 0.0
+        flows = state.flows
+        for key in list(flows):
+            flow = flows[key]
+            own = self._demand_rate(flow, now_ms)
+            peer = view.rate(key, now_ms) if view is not None else 0.0
+            flow.peer_rate = peer
+            if own == 0.0 and peer == 0.0 and flow.rate.expired(now_ms) \
+                    and flow.throttled_until_ms <= now_ms:
+                del flows[key]
                 continue
-            allocation = water_fill(capacity, claims)
-            # A greedy tenant's claim (the whole capacity) is never satisfied, even when the claims
-            # fit (a lone greedy tenant): the capacity binds it, or it would burst every other refresh.
-            unsatisfied = [allocation[c.key] / c.weight for c in claims
-                           if allocation[c.key] < c.bound or c.key in unbounded]
-            state.contended = bool(unsatisfied)
-            level = state.level = max(unsatisfied, default=0.0)
-            for flow in flows.values():
-                if not state.contended:
-                    flow.allocation = flow.local_allocation = _UNLIMITED
-                    flow.tokens = None
+            rate = own + peer
+            total += rate
+            bound = flow.allocation
+            flow.greedy = bound != _UNLIMITED and (flow.throttled_until_ms > state.refreshed_ms
+                                                   or rate >= GREEDY_RATIO * bound)
+            claim = ceiling if flow.greedy else rate * HEADROOM
+            if flow.cap is not None and claim > flow.cap:
+                claim = flow.cap
+            flow.demand = claim if capacity is not None else rate
+            if capacity is not None:
+                claims.append(Claim(key, claim, flow.weight, flow.cap))
+                if flow.greedy and claim >= ceiling:
+                    unbounded.add(key)
+        peer_only: dict[BucketKey, float] = {}
+        if view is not None:
+            for wire_key, rate in view.rates(now_ms).items():
+                key = BucketKey(*wire_key)
+                if key in flows or rate <= 0.0:
                     continue
-                flow.allocation = allocation.get(flow.key, _UNLIMITED)
-                share = flow.weight * level
-                flow.local_allocation = max(share - flow.peer_rate, FLEET_MIN_SLICE * share, _MIN_REFILL)
-            state.peer_allocations = {key: allocation[key] for key in peer_only} if state.contended else {}
+                peer_only[key] = rate
+                total += rate
+                if capacity is not None:
+                    before = state.peer_allocations.get(key, _UNLIMITED)
+                    greedy = before != _UNLIMITED and rate >= GREEDY_RATIO * before
+                    claims.append(Claim(key, ceiling if greedy else rate * HEADROOM, self._weight(key)))
+                    if greedy:
+                        unbounded.add(key)
+        state.peer_only = peer_only
+        state.total_rate = total
+        state.refreshed_ms = now_ms
+        state.unmetered = 0.0
+        if capacity is None:
+            state.contended = False
+            for flow in flows.values():
+                flow.allocation = flow.local_allocation = _UNLIMITED
+                flow.tokens = None
+            state.peer_allocations = {}
+            return
+        allocation = water_fill(capacity, claims)
+        # A greedy tenant's claim (the whole capacity) is never satisfied, even when the claims
+        # fit (a lone greedy tenant): the capacity binds it, or it would burst every other refresh.
+        unsatisfied = [allocation[c.key] / c.weight for c in claims
+                       if allocation[c.key] < c.bound or c.key in unbounded]
+        state.contended = bool(unsatisfied)
+        level = state.level = max(unsatisfied, default=0.0)
+        for flow in flows.values():
+            if not state.contended:
+                flow.allocation = flow.local_allocation = _UNLIMITED
+                flow.tokens = None
+                continue
+            flow.allocation = allocation.get(flow.key, _UNLIMITED)
+            share = flow.weight * level
+            flow.local_allocation = max(share - flow.peer_rate, FLEET_MIN_SLICE * share, _MIN_REFILL)
+        state.peer_allocations = {key: allocation[key] for key in peer_only} if state.contended else {}
 
     def _demand_rate(self, flow: Flow, now_ms: int) -> float:
         """A tenant's own rate as its demand: Kafka's windowed rate, except that a tenant younger

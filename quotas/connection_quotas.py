@@ -60,6 +60,12 @@ from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
 from .throttle import bounded_throttle_time_ms
 
+#: An IP bucket asks for an urgent fleet report once this many connections were added to its
+#: window since peers were told, when that is less than URGENT_CHANGE_RATIO of its bound: bounds are
+#: tens of connections per second, so 5 % of one is a dozen connections of a window, which every
+#: member of a storm would admit on its own before its peers hear of it.
+URGENT_IP_CONNECTIONS = 2
+
 #: Bucket key of the shared overflow bucket (never an address nor a prefix).
 OVERFLOW_KEY = "__overflow__"
 
@@ -317,14 +323,14 @@ class ConnectionQuotas:
               or self._make_room(now_ms)):
             bucket = buckets[key] = _IpBucket(WindowedRate(self.window), bound,
                                               ip if key == str(ip) else None,
-                                              urgent_above=URGENT_CHANGE_RATIO * bound)
+                                              urgent_above=self._urgent_rise(bound))
         else:
             self.overflow_charges += 1
             key = OVERFLOW_KEY
             bucket = buckets.get(key)
             if bucket is None:
                 bucket = buckets[key] = _IpBucket(WindowedRate(self.window), bound, None,
-                                                  urgent_above=URGENT_CHANGE_RATIO * bound)
+                                                  urgent_above=self._urgent_rise(bound))
             else:
                 buckets.move_to_end(key)
         bucket.bound = bound
@@ -407,6 +413,14 @@ class ConnectionQuotas:
         self._on_urgent = on_urgent if peer_rate is not None else None
         self._urgent_keys = set()
 
+    def _urgent_rise(self, bound: int) -> float:
+        """How far a bucket's rate may rise before it asks for an urgent report (URGENT_IP_CONNECTIONS)."""
+        window = self.window
+        # half a connection short of the count, over the longest window: the count'th connection asks
+        # whatever the window's padded length (Kafka's rate is count / a window that grows to it)
+        connections = (URGENT_IP_CONNECTIONS - 0.5) * 1000.0 / (window.samples * window.window_ms)
+        return min(URGENT_CHANGE_RATIO * bound, connections)
+
     def _ask_urgent(self, key: str, bucket: _IpBucket) -> None:
         bucket.urgent_above = math.inf  # listed soon: that resets it
         first = not self._urgent_keys
@@ -424,7 +438,7 @@ class ConnectionQuotas:
                 continue
             rate = bucket.rate.measure(now_ms)
             bucket.reported = rate
-            bucket.urgent_above = rate + URGENT_CHANGE_RATIO * bucket.bound
+            bucket.urgent_above = rate + self._urgent_rise(bucket.bound)
             out.append(IpBucketUsage(key, bucket.rate.total(now_ms), rate))
         if keys is None:
             self._urgent_keys = set()

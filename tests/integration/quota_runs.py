@@ -52,6 +52,17 @@ class RunResult:
             raise AssertionError(f"too few client statistics between {start_s} s and {end_s} s: {inside}")
         return fitted
 
+    def received_timeline(self, step_s: float, end_s: float) -> str:
+        """The consumer's received kB/s per `step_s` from the start to `end_s`: a failure's shape."""
+        marks: list[str] = []
+        at = 0.0
+        while at < end_s:
+            before = [total for t, total in self.received if t <= self.started + at] or [0]
+            after = [total for t, total in self.received if t <= self.started + at + step_s] or [0]
+            marks.append(f"{(after[-1] - before[-1]) / step_s / 1000:.0f}")
+            at += step_s
+        return " ".join(marks)
+
 
 def _fitted_rate(points: list[tuple[float, float]], span_s: float) -> float | None:
     """`slope` of (time, bytes so far) when the points cover at least half the span, else None."""

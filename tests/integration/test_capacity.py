@@ -67,6 +67,11 @@ def _in_thread(results: dict[str, object], name: str, run: Callable[[], object])
     return thread
 
 
+def _fetch_metric(proxy: QuotaProxy, metric: str, name: str) -> str:
+    value = proxy.metric(metric, quota="consumer_byte_rate", user="", client_id=f"{name}-c")
+    return f"{metric.removeprefix('kthrottle_capacity_')} {value:,.0f}"
+
+
 def _wait_until(at: float) -> None:
     time.sleep(max(at - time.monotonic(), 0))
 
@@ -93,6 +98,13 @@ def test_shares_under_overload_producers_and_consumers(capacity_proxy: QuotaProx
     _wait_until(start + PHASE1_S - 1)
     capacity_throttles = {name: proxy.metric("kthrottle_capacity_throttles_total", quota="producer_byte_rate",
                                              user="", client_id=name) for name in SHARES}
+    fetch_state = "; ".join(
+        f"{name}-c: " + ", ".join(_fetch_metric(proxy, metric, name)
+                                  for metric in ("kthrottle_capacity_fair_share", "kthrottle_capacity_demand",
+                                                 "kthrottle_capacity_tenant_rate",
+                                                 "kthrottle_capacity_throttles_total"))
+        for name in SHARES)
+    fetch_state += f"; contended {proxy.metric('kthrottle_capacity_contended', quota='consumer_byte_rate')}"
     # 2. within one window (11 s) of bronze stopping, the fair shares are 0.75 / 0.25 of C
     _wait_until(start + PHASE1_S + 13)
     gold_share = proxy.metric("kthrottle_capacity_fair_share", quota="producer_byte_rate", user="",
@@ -124,6 +136,9 @@ def test_shares_under_overload_producers_and_consumers(capacity_proxy: QuotaProx
            + " of C (0.60 / 0.20 / 0.20)")
     report("capacity, 3:1:1 consumers over 30 s: "
            + " / ".join(f"{name} {share:.3f}" for name, share in fetch1.items()) + " of the fetch capacity")
+    fetch_shape = "; ".join(f"{name}-c kB/s per 3 s: {fetched[f'{name}-c'].received_timeline(3.0, PHASE1_S)}"
+                            for name in SHARES) + f"; at {PHASE1_S - 1} s: {fetch_state}"
+    report(f"capacity, consumers: {fetch_shape}")
     report(f"capacity, bronze stopped: fair shares one window later {gold_share / C:.3f} / "
            f"{silver_share / C:.3f} of C; rates over the next 13 s "
            + " / ".join(f"{v:.3f}" for v in produce2.values()) + " (0.75 / 0.25)")
@@ -132,7 +147,7 @@ def test_shares_under_overload_producers_and_consumers(capacity_proxy: QuotaProx
 
     for name, expected in zip(SHARES, (0.6, 0.2, 0.2), strict=True):
         assert produce1[name] == pytest.approx(expected, rel=0.10), produce1
-        assert fetch1[name] == pytest.approx(expected, rel=0.10), fetch1
+        assert fetch1[name] == pytest.approx(expected, rel=0.10), f"{fetch1}; {fetch_shape}"
         assert capacity_throttles[name] > 0, capacity_throttles
     assert gold_share / C == pytest.approx(0.75, rel=0.05)
     assert silver_share / C == pytest.approx(0.25, rel=0.05)

@@ -761,19 +761,20 @@ def test_ip_buckets_travel_in_the_fleet_reports_and_the_decision_adds_peers() ->
     assert [alone.connections.check_ip("L", "10.0.0.1", 0).accepted for _ in range(5)] == [True] * 4 + [False]
 
 
-def test_an_ip_bucket_rising_by_a_twentieth_of_its_bound_asks_once_for_an_urgent_report() -> None:
+def test_an_ip_bucket_rising_by_two_connections_asks_once_for_an_urgent_report() -> None:
     """A storm bursts a quota window's worth at once on every member: each member's IP bucket asks
-    for an urgent report as a byte-rate bucket does, so peers see the burst within milliseconds."""
+    for an urgent report once two connections were added since peers were told (5 % of a bound of
+    20/s would be a dozen), so peers see the burst within milliseconds."""
     window = WindowConfig(11, 1000)
     engine = QuotaEngine(EngineConfig(window=window))
-    engine.set_quotas({QuotaEntity(None, None, "10.0.0.7"): {QuotaType.CONNECTION_CREATION: 20.0}})
+    engine.set_quotas({QuotaEntity(None, None, "10.0.0.7"): {QuotaType.CONNECTION_CREATION: 20.0},
+                       QuotaEntity(None, None, "10.0.0.8"): {QuotaType.CONNECTION_CREATION: 1.0}})
     peers = PeerUsage(window.history_ms, own_sender=1)
     asked: list[int] = []
     engine.attach_fleet(peers, on_urgent=lambda: asked.append(1))
-    # 20/s over a padded 10 s window: each connection adds 0.1/s, 5 % of 20 is 1/s: the 11th asks
-    for n in range(1, 11):
-        engine.connections.check_ip("L", "10.0.0.7", 0)
-        assert asked == [], n
+    # 20/s over a padded 10 s window: each connection adds 0.1/s; the second asks
+    engine.connections.check_ip("L", "10.0.0.7", 0)
+    assert asked == []
     engine.connections.check_ip("L", "10.0.0.7", 0)
     assert asked == [1]
     for _ in range(5):  # asked once until it is listed
@@ -781,13 +782,21 @@ def test_an_ip_bucket_rising_by_a_twentieth_of_its_bound_asks_once_for_an_urgent
     assert asked == [1]
     urgent = engine.urgent_usage(0)
     assert [(e.quota, e.client_id, round(e.rate, 2)) for e in urgent] == [
-        (QuotaType.CONNECTION_CREATION, "10.0.0.7", 1.6)]
+        (QuotaType.CONNECTION_CREATION, "10.0.0.7", 0.7)]
     assert engine.urgent_usage(0) == []
-    for _ in range(10):  # listed at 1.6/s: the next urgent report is due past 2.6/s
-        engine.connections.check_ip("L", "10.0.0.7", 0)
+    # a full window later, once listed (a full report), the second connection still asks
+    engine.connections.check_ip("L", "10.0.0.7", 30_000)
+    engine.connections.ip_usage(30_000)
+    asked.clear()
+    engine.connections.check_ip("L", "10.0.0.7", 30_001)
+    assert asked == []
+    engine.connections.check_ip("L", "10.0.0.7", 30_002)
     assert asked == [1]
-    engine.connections.check_ip("L", "10.0.0.7", 0)
-    assert asked == [1, 1]
+    # a bound so low that 5 % of it is less than two connections: 5 % it is (0.05/s: the first asks)
+    asked.clear()
+    engine.connections.ip_usage(30_002)
+    engine.connections.check_ip("L", "10.0.0.8", 30_002)
+    assert asked == [1]
 
 
 def test_a_delta_report_lists_only_the_ip_buckets_charged_since_the_last_one() -> None:
