@@ -59,7 +59,7 @@ from .entity import BucketKey, QuotaEntity, resolve
 from .fair_share import Claim, water_fill
 from .fleet import PeerUsage, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
-from .token_bucket import TokenBucket
+from .token_bucket import BURST_MS, TokenBucket
 from .types import CAPACITY_STREAMS, CapacityStream, QuotaType
 
 #: The directions a capacity can be given for, and their `[capacity]` keys (the quota keys' names).
@@ -152,13 +152,16 @@ class Flow:
     """One tenant's traffic in one direction."""
 
     __slots__ = ("allocation", "cap", "demand", "first_ms", "greedy", "key", "local_allocation", "peer_rate",
-                 "rate", "reported", "throttle_count", "throttle_total_ms", "throttled_until_ms", "tokens",
-                 "weight")
+                 "pending", "rate", "reported", "throttle_count", "throttle_total_ms", "throttled_until_ms",
+                 "tokens", "weight")
 
     def __init__(self, key: BucketKey, weight: float, window: WindowConfig, now_ms: int) -> None:
         self.key = key
         self.weight = weight
         self.rate = WindowedRate(window)
+        #: charged since the rate was last brought up to date (`own_rate`, `roll`): the hot path
+        #: adds here, and a refresh (every 200 ms) records it, so a charge costs one addition
+        self.pending = 0.0
         self.first_ms = now_ms
         #: its fair allocation (inf: the capacity does not bind now), and this member's part of it
         self.allocation = _UNLIMITED
@@ -179,12 +182,27 @@ class Flow:
         self.throttle_total_ms = 0
         self.throttle_count = 0
 
+    def roll(self, now_ms: int) -> None:
+        """Record what is pending into the windowed rate (at most a refresh interval late: its
+        windows are a second long, and the rate spans eleven)."""
+        if self.pending:
+            self.rate.record(self.pending, now_ms)
+            self.pending = 0.0
+
+    def own_rate(self, now_ms: int) -> float:
+        """This member's windowed rate for the tenant (Kafka's), up to date."""
+        self.roll(now_ms)
+        return self.rate.measure(now_ms)
+
 
 @dataclass(slots=True)
 class DirectionState:
     """One direction's tenants and what the last refresh decided."""
 
     flows: dict[BucketKey, Flow] = field(default_factory=dict)
+    #: (user, client-id) -> its tenant's flow: one lookup on the hot path (cleared when tenants or
+    #: shares change, or a flow goes)
+    clients: dict[tuple[str, str], Flow] = field(default_factory=dict)
     #: whether the capacity binds: some allocation is below its claim
     contended: bool = False
     #: the capacity shared at the last refresh (None: no limit now)
@@ -203,6 +221,8 @@ class DirectionState:
     #: costs O(tenants), but how many run early is bounded by bytes, not time: each needs another
     #: interval's worth, and the demands reach the capacity within a window's worth of it.
     unmetered: float = 0.0
+    #: `unmetered` past this refreshes early: one refresh interval's worth of `effective` (inf: none)
+    early_after: float = math.inf
     #: the highest `total_rate` seen (what "light" is judged against without a capacity)
     peak_rate: float = 0.0
     #: tenants only peers report, with their rate, at the last refresh
@@ -220,6 +240,8 @@ class CapacityManager:
         self.max_tenants = max_tenants
         self.config: CapacityConfig | None = None
         self.directions: dict[QuotaType, DirectionState] = {}
+        #: the same, by the direction's config name (what the hot path looks up)
+        self._states: dict[str, DirectionState] = {}
         #: `share` entities in force (Kafka's precedence resolves them)
         self.shares: dict[QuotaEntity, float] = {}
         self._tenants: dict[tuple[str, str], tuple[BucketKey, float]] = {}
@@ -253,6 +275,7 @@ class CapacityManager:
         tracked = config.tracked() if config is not None else ()
         self.directions = {direction: self.directions.get(direction) or DirectionState()
                            for direction in tracked}
+        self._states = {direction._value_: state for direction, state in self.directions.items()}
         self._charged = {direction: self._charged.get(direction, set()) for direction in tracked}
 
     def set_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
@@ -260,6 +283,7 @@ class CapacityManager:
         self.shares = dict(shares)
         self._tenants = {}
         for state in self.directions.values():
+            state.clients = {}
             for flow in state.flows.values():
                 flow.weight = self._weight(flow.key)
 
@@ -298,40 +322,37 @@ class CapacityManager:
     def record(self, direction: QuotaType, user: str, client_id: str, value: float,
                cap: float | None, now_ms: int) -> int:
         """Count one charge to its tenant; the capacity throttle it causes (0 within its share)."""
-        state = self.directions.get(direction)
+        state = self._states.get(direction._value_)  # an enum's own hash is a Python call
         if state is None:
             return 0
-        key, weight = self.tenant(user, client_id)
-        flows = state.flows
-        flow = flows.get(key)
+        flow = state.clients.get((user, client_id))
         if flow is None:
-            if len(flows) >= self.max_tenants:
-                key, weight = OVERFLOW_TENANT, 1.0
-                flow = flows.get(key)
-            if flow is None:
-                flow = flows[key] = Flow(key, weight, self.window, now_ms)
+            flow = self._flow(state, user, client_id, now_ms)
         flow.cap = cap
-        flow.rate.record(value, now_ms)
+        flow.pending += value
         if self.peers is not None:
-            self._charged[direction].add(key)
+            self._charged[direction].add(flow.key)
         allocation = flow.local_allocation
         if not state.contended or allocation == _UNLIMITED:
             self.in_debt = False
-            if state.effective is not None:  # nothing binds, or a tenant new since the refresh
-                state.unmetered += value
-                if state.unmetered > state.effective * REFRESH_INTERVAL_MS / 1000.0:
-                    self._refresh_direction(direction, state, now_ms)
+            state.unmetered += value  # nothing binds, or a tenant new since the refresh
+            if state.unmetered > state.early_after:
+                self._refresh_direction(direction, state, now_ms)
             return 0
         tokens = flow.tokens
         if tokens is None:
             tokens = flow.tokens = TokenBucket()
-        level = tokens.level(allocation, now_ms)
-        self.in_debt = level < 0.0
-        if self.in_debt and direction is QuotaType.FETCH:
+        burst = allocation * BURST_MS / 1000.0
+        level = tokens.refill(allocation, burst, now_ms)  # one refill for the test and the take
+        self.in_debt = in_debt = level < 0.0
+        if in_debt and direction is QuotaType.FETCH:
             # answered empty (see QuotaEngine): not charged, held until the bucket is back at zero
+            tokens.tokens = level
             throttle = math.ceil(-level / allocation * 1000.0)
         else:
-            throttle = tokens.record(value, allocation, now_ms)
+            level -= value
+            tokens.tokens = level if level < burst else burst
+            throttle = 0 if level >= 0.0 else math.ceil(-level / allocation * 1000.0)
         if throttle > 0:
             if throttle > self.max_throttle_ms:
                 throttle = self.max_throttle_ms
@@ -342,35 +363,55 @@ class CapacityManager:
                     self.throttled_until_ms = until
         return throttle
 
+    def _flow(self, state: DirectionState, user: str, client_id: str, now_ms: int) -> Flow:
+        """The flow of (user, client-id)'s tenant, made if new (past `max_tenants`, the overflow
+        tenant's), and remembered for the next lookup."""
+        key, weight = self.tenant(user, client_id)
+        flows = state.flows
+        flow = flows.get(key)
+        if flow is None:
+            if len(flows) >= self.max_tenants:
+                key, weight = OVERFLOW_TENANT, 1.0
+                flow = flows.get(key)
+            if flow is None:
+                flow = flows[key] = Flow(key, weight, self.window, now_ms)
+        if len(state.clients) >= 4 * self.max_tenants:
+            state.clients = {}
+        state.clients[(user, client_id)] = flow
+        return flow
+
+    def _known(self, direction: QuotaType, user: str, client_id: str) -> Flow | None:
+        """The flow (user, client-id) was last charged to, if any (no new one is made)."""
+        state = self._states.get(direction._value_)
+        if state is None:
+            return None
+        flow = state.clients.get((user, client_id))
+        if flow is None:
+            flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
+        return flow
+
     def unrecord(self, direction: QuotaType, user: str, client_id: str, value: float, now_ms: int,
                  tokens: bool = True) -> None:
         """Take a charge back (a throttled fetch's records are not delivered); `tokens`: its
         bucket was charged too (a fetch that found it in debt was not)."""
-        state = self.directions.get(direction)
-        if state is not None:
-            flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
-            if flow is not None:
-                flow.rate.unrecord(value, now_ms)
-                if tokens and flow.tokens is not None and flow.local_allocation != _UNLIMITED:
-                    flow.tokens.unrecord(value, flow.local_allocation, now_ms)
+        flow = self._known(direction, user, client_id)
+        if flow is not None:
+            flow.pending -= value
+            if tokens and flow.tokens is not None and flow.local_allocation != _UNLIMITED:
+                flow.tokens.unrecord(value, flow.local_allocation, now_ms)
 
     def record_throttle(self, direction: QuotaType, user: str, client_id: str, throttle_ms: int) -> None:
         """Count a throttle the capacity decided (the larger one of its request)."""
-        state = self.directions.get(direction)
-        if state is not None:
-            flow = state.flows.get(self.tenant(user, client_id)[0]) or state.flows.get(OVERFLOW_TENANT)
-            if flow is not None:
-                flow.throttle_total_ms += throttle_ms
-                flow.throttle_count += 1
+        flow = self._known(direction, user, client_id)
+        if flow is not None:
+            flow.throttle_total_ms += throttle_ms
+            flow.throttle_count += 1
 
     def remaining_throttle_ms(self, direction: QuotaType, user: str, client_id: str, now_ms: int) -> int:
         """How long the tenant stays throttled by the capacity in `direction` (0: not)."""
         if now_ms >= self.throttled_until_ms:
             return 0
-        state = self.directions.get(direction)
-        if state is None:
-            return 0
-        flow = state.flows.get(self.tenant(user, client_id)[0])
+        flow = self._known(direction, user, client_id)
         # exactly the throttle's end (a quota's hold ends 1 ms early): a held fetch that arrived
         # before the bucket is back at zero would be answered empty
         return 0 if flow is None else max(flow.throttled_until_ms - now_ms, 0)
@@ -391,6 +432,7 @@ class CapacityManager:
         view = self.peers.view(CAPACITY_STREAMS[direction]) if self.peers is not None else None
         capacity = self.capacity(direction)
         state.effective = capacity
+        state.early_after = math.inf if capacity is None else capacity * REFRESH_INTERVAL_MS / 1000.0
         claims: list[Claim[BucketKey]] = []
         #: claims of everything there is: the capacity binds them even when the claims fit
         unbounded: set[BucketKey] = set()
@@ -399,12 +441,13 @@ class CapacityManager:
         flows = state.flows
         for key in list(flows):
             flow = flows[key]
-            own = self._demand_rate(flow, now_ms)
+            own = self._demand_rate(flow, now_ms)  # rolls what is pending
             peer = view.rate(key, now_ms) if view is not None else 0.0
             flow.peer_rate = peer
             if own == 0.0 and peer == 0.0 and flow.rate.expired(now_ms) \
                     and flow.throttled_until_ms <= now_ms:
                 del flows[key]
+                state.clients = {}
                 continue
             rate = own + peer
             total += rate
@@ -467,6 +510,7 @@ class CapacityManager:
         client's window to (samples - 1) windows, which shows its rate low (that is its burst
         allowance, and the throttle keeps it); as a demand estimate that would read a new tenant
         sending at its full rate as a tenant wanting a tenth of it."""
+        flow.roll(now_ms)
         rate = flow.rate
         window = self.window
         age = now_ms - flow.first_ms

@@ -19,18 +19,24 @@ throttle, recording nothing; a topic accepted is recorded even if it drives the 
 debt, and then throttles nobody (`StrictControllerMutationQuota`). Permissive (older versions)
 records every topic and throttles by the last violation (`PermissiveControllerMutationQuota`).
 
-The bucket is per proxy: the fleet exchange (fleet.py) carries windowed rates, not token levels,
-so the engine keeps this manager out of the ones it shares (a fleet of N proxies, each seeing part
-of a client's mutations, allows up to N x the quota).
+In a fleet the bucket is fleet-wide. Every member keeps a replica of each bucket: it debits its
+own charges at once, and its peers' as they report them. A token bucket is debited by events, not
+set from a rate, so the exchange carries, per bucket, the partitions this member charged since it
+made the bucket (a running total, sent in every delta that follows a charge and asking for an urgent
+report), and a receiver debits what each peer's total grew by (`fleet.CountLedger`). Each replica
+refills once, at the quota's rate, so N members allow the quota once, not N times; a member decides
+on the charges it has heard of, a report's latency behind (milliseconds). Refunds (a topic the
+broker refused) stay local: peers keep the debit, stricter by it until the bucket refills.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .entity import BucketKey
+from .fleet import UsageEntry, wire_name
 from .manager import DEFAULT_MAX_BUCKETS, IDLE_EXPIRY_MS, OVERFLOW_KEY, Bucket, Charge, ClientQuotaManager
 from .rate import WindowConfig
 from .token_bucket import TokenBucket
@@ -67,7 +73,7 @@ class MutationTokenBucket(TokenBucket):
     def record(self, value: float, rate: float, now_ms: int) -> int:
         """Record `value` (Sensor.record, checked afterwards): the throttle it leaves (0: not in debt)."""
         burst = rate * self.burst_seconds
-        tokens = min(burst, self._refill(rate, burst, now_ms) - value)
+        tokens = min(burst, self.refill(rate, burst, now_ms) - value)
         self.tokens = tokens
         return mutation_throttle_ms(tokens, rate)
 
@@ -112,6 +118,12 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
                          idle_expiry_ms=idle_expiry_ms)
         #: Kafka's burst in seconds of quota: `TokenBucket.burst` = samples x window size
         self.burst_seconds = window.samples * window.window_ms / 1000.0
+        #: in a fleet: per bucket, the bucket and the partitions charged here since it was made
+        #: (its running total for peers; a bucket made again starts a new total)
+        self._totals: dict[BucketKey, tuple[Bucket, float]] | None = None
+        #: buckets charged since the last delta listing
+        self._counted: set[BucketKey] = set()
+        self._on_count: Callable[[], None] | None = None
 
     def _add(self, key: BucketKey, now_ms: int) -> Bucket:
         bucket = super()._add(key, now_ms)
@@ -124,7 +136,90 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
         bucket = self.buckets.get(charge.bucket) if charge.bucket is not None else None
         if bucket is not None and isinstance(bucket.tokens, MutationTokenBucket):
             bucket.keep_until_ms = bucket.tokens.full_at_ms(bucket.bound)
+            totals = self._totals
+            if totals is not None and charge.bucket is not None and value > 0:
+                held = totals.get(charge.bucket)
+                total = held[1] if held is not None and held[0] is bucket else 0.0
+                totals[charge.bucket] = (bucket, total + value)
+                self._counted.add(charge.bucket)
+                if self._on_count is not None:
+                    self._on_count()
         return charge
+
+    # -- the fleet: one bucket over every member ------------------------------------------------
+
+    def attach_counts(self, on_count: Callable[[], None] | None) -> None:
+        """Share the buckets with a fleet from now on: charges are totalled for `count_usage`, and
+        `on_count` (no I/O: it asks the exchange for an urgent report) is called on each."""
+        self._totals = {}
+        self._counted = set()
+        self._on_count = on_count
+
+    def count_usage(self, keys: Sequence[BucketKey] | None = None,
+                    changed_only: bool = False) -> list[UsageEntry]:
+        """The running totals for the fleet's report: of `keys` (None: every bucket), or with
+        `changed_only` of the buckets charged since the last such listing."""
+        totals = self._totals
+        if totals is None:
+            return []
+        if changed_only:
+            listed: Sequence[BucketKey] | set[BucketKey] = self._counted
+            self._counted = set()
+        else:
+            listed = list(totals) if keys is None else keys
+        out: list[UsageEntry] = []
+        for key in listed:
+            held = totals.get(key)
+            if held is None:
+                continue
+            if self.buckets.get(key) is not held[0]:  # expired here: listed no more (peers hear 0)
+                del totals[key]
+                continue
+            out.append(UsageEntry(QuotaType.CONTROLLER_MUTATION, key.user, key.client_id, held[1]))
+        return out
+
+    def begin_count_listing(self) -> list[BucketKey]:
+        """The buckets a full report lists (see QuotaEngine.full_listing); charges from now on are
+        listed again by the next delta report."""
+        self._counted = set()
+        return list(self._totals) if self._totals is not None else []
+
+    def peer_charged(self, key: tuple[str, str], partitions: float, whole: bool, now_ms: int) -> None:
+        """Debit what a peer charged to one of its buckets (`fleet.CountLedger`) from this member's
+        replica. `whole`: its total was heard for the first time, so the debit is capped at one
+        burst. A key no quota here leads to (or a long name) is left alone."""
+        found = self._replica(BucketKey(*key), now_ms)
+        if found is None:
+            return
+        bucket_key, bucket = found
+        tokens = bucket.tokens
+        if not isinstance(tokens, MutationTokenBucket) or bucket.bound <= 0:
+            return
+        if whole:
+            partitions = min(partitions, bucket.bound * self.burst_seconds)
+        tokens.record(partitions, bucket.bound, now_ms)
+        bucket.keep_until_ms = tokens.full_at_ms(bucket.bound)
+        self._touch(bucket_key, bucket, now_ms)
+
+    def _replica(self, key: BucketKey, now_ms: int) -> tuple[BucketKey, Bucket] | None:
+        """The bucket a peer's key names here: held, or made when the quotas lead to that key."""
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            return key, bucket
+        found = self._lookup(key.user, key.client_id)
+        if found is None or found.bucket != key:
+            for held_key, held in self.buckets.items():  # a long name travels as its digest
+                if (wire_name(held_key.user), wire_name(held_key.client_id)) == key:
+                    return held_key, held
+            return None
+        if (found.capped and self.max_buckets is not None and len(self.buckets) >= self.max_buckets
+                and not self._make_room(now_ms)):
+            return None
+        bucket = self._add(key, now_ms)
+        bucket.bound = found.bound
+        bucket.member_user = key.user
+        bucket.member_client_id = key.client_id
+        return key, bucket
 
     def debt_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """The strict check (`Sensor.checkQuotas` on the TokenBucket): the throttle of a bucket

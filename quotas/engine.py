@@ -46,6 +46,11 @@ from .usage import UsageAccount
 #: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
 QuotaTable = dict[QuotaEntity, dict[QuotaType, float]]
 
+#: the directions the hot path charges a capacity with (a module name: an enum member's lookup on
+#: its class costs a Python call)
+_CAPACITY_PRODUCE = QuotaType.PRODUCE
+_CAPACITY_FETCH = QuotaType.FETCH
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -113,7 +118,7 @@ class QuotaEngine:
                                                        max_buckets=cap),
         }
         #: KIP-599's token buckets: kept apart from `managers`, whose windowed rates the fleet
-        #: exchanges, because this quota is per proxy (see controller_mutation.py)
+        #: exchanges, because a token bucket travels as running totals (see controller_mutation.py)
         self.controller_mutation = ControllerMutationQuotaManager(config.controller_window, max_buckets=cap)
         #: partitions a CreateTopics topic asking for the broker's default (-1) is charged before its
         #: answer says how many it got: Kafka's num.partitions default (1) until an answer tells
@@ -232,21 +237,21 @@ class QuotaEngine:
             if charge.throttle_ms > 0:
                 worst, worst_type = charge, QuotaType.PRODUCE
             if capacity is not None:
-                by_capacity = capacity.record(QuotaType.PRODUCE, user, client_id, produce_bytes,
+                by_capacity = capacity.record(_CAPACITY_PRODUCE, user, client_id, produce_bytes,
                                               charge.bound if charge.bucket is not None else None, now_ms)
                 if by_capacity:
-                    capacity_type = QuotaType.PRODUCE
+                    capacity_type = _CAPACITY_PRODUCE
         fetch_in_debt = True
         if fetch_bytes:
             charge = fetch_charge = managers[QuotaType.FETCH].record(user, client_id, fetch_bytes, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.FETCH
             if capacity is not None:
-                throttle = capacity.record(QuotaType.FETCH, user, client_id, fetch_bytes,
+                throttle = capacity.record(_CAPACITY_FETCH, user, client_id, fetch_bytes,
                                            charge.bound if charge.bucket is not None else None, now_ms)
                 fetch_in_debt = capacity.in_debt
                 if throttle > by_capacity:
-                    by_capacity, capacity_type = throttle, QuotaType.FETCH
+                    by_capacity, capacity_type = throttle, _CAPACITY_FETCH
         if producer_ids:
             if self.fleet is None:
                 new = self.producer_ids.new_ids(user, list(producer_ids), now_ms)
@@ -364,6 +369,9 @@ class QuotaEngine:
         self.capacity.attach_fleet(peers)
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
+        # the controller mutation buckets travel as running totals (see controller_mutation.py)
+        self.controller_mutation.attach_counts(on_urgent)
+        peers.on_count = self.controller_mutation.peer_charged
         ip_view = peers.view(QuotaType.CONNECTION_CREATION)
         self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms), on_urgent)
 
@@ -374,6 +382,7 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.local_usage(now_ms, changed_only)
+        usage += self.controller_mutation.count_usage(changed_only=changed_only)
         charged = self.connections.take_charged() if changed_only else None
         usage += self._ip_buckets(self.connections.ip_usage(now_ms, charged))
         if self.capacity.directions:
@@ -393,6 +402,7 @@ class QuotaEngine:
         buckets in one go holds the event loop for tens of ms)."""
         listing = [(quota_type, manager.begin_full_listing())
                    for quota_type, manager in self.managers.items()]
+        listing.append((QuotaType.CONTROLLER_MUTATION, self.controller_mutation.begin_count_listing()))
         ip_keys = [BucketKey("", bucket) for bucket in self.connections.buckets]
         capacity: list[tuple[UsageKind, list[BucketKey]]] = [
             (CAPACITY_STREAMS[direction], list(state.flows))
@@ -405,6 +415,8 @@ class QuotaEngine:
         """Measure and list a slice of `full_listing`'s buckets."""
         if quota_type is QuotaType.CONNECTION_CREATION:
             return self._ip_buckets(self.connections.ip_usage(now_ms, {key.client_id for key in keys}))
+        if quota_type is QuotaType.CONTROLLER_MUTATION:
+            return self.controller_mutation.count_usage(keys)
         if isinstance(quota_type, CapacityStream):
             if quota_type is CapacityStream.CAPACITY_FACTOR:
                 return self.capacity.factor_usage()
@@ -416,6 +428,7 @@ class QuotaEngine:
         usage: list[UsageEntry] = []
         for manager in self.managers.values():
             usage += manager.urgent_usage(now_ms)
+        usage += self.controller_mutation.count_usage(changed_only=True)
         return usage + self._ip_buckets(self.connections.urgent_ip_usage(now_ms))
 
     def take_new_producer_ids(self) -> list[tuple[str, int]]:

@@ -27,7 +27,7 @@ The datagram itself (its wire format, signing and parsing) is fleet_datagram.py.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .fleet_datagram import (
     KINDS_BY_NAME,
@@ -46,7 +46,10 @@ from .fleet_datagram import (
     encode_usage,
     wire_name,
 )
-from .types import UsageKind
+from .types import QuotaType, UsageKind
+
+#: The stream whose values are running totals, not rates (see CountLedger).
+_COUNTED = QuotaType.CONTROLLER_MUTATION
 
 #: A peer's entry counts at full weight for this long after its last update: three full syncs
 #: (`full_sync_interval_ms` 1000), so two lost full syncs in a row change nothing.
@@ -204,6 +207,55 @@ class PeerView:
         return len(self.reports)
 
 
+class CountLedger:
+    """Peers' running totals (the controller mutation stream): what each new report adds.
+
+    A rate is state, so a peer's latest replaces its previous one; a token bucket is debited by
+    events, so the fleet exchanges, per bucket, the partitions each member charged since it created
+    the bucket, and a receiver debits what a total grew by since it last heard it. A lost datagram
+    costs nothing: the next total carries what it held. A total heard for the first time (a bucket
+    new on its member, or a receiver that just started) or one that fell (its member dropped the
+    bucket and made it again) is debited whole, and the receiver caps that debit at one burst: a
+    restarted receiver is then stricter for at most one refill, never looser.
+    """
+
+    __slots__ = ("_totals", "max_entries")
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_PEER_ENTRIES) -> None:
+        self.max_entries = max_entries
+        #: (sender, user, client-id) -> (the last total heard, when), least recently heard first
+        self._totals: OrderedDict[tuple[int, str, str], tuple[float, int]] = OrderedDict()
+
+    def heard(self, sender: int, user: str, client_id: str, total: float, now_ms: int) -> tuple[float, bool]:
+        """A peer's total for one bucket: (what to debit, whether it is debited whole)."""
+        key = (sender, user, client_id)
+        totals = self._totals
+        last = totals.pop(key, None)
+        if total <= 0.0:  # the member dropped the bucket
+            return 0.0, False
+        if len(totals) >= self.max_entries:
+            totals.popitem(last=False)
+        totals[key] = (total, now_ms)
+        if last is None or total < last[0]:
+            return total, True
+        return total - last[0], False
+
+    def expire(self, now_ms: int, older_than_ms: int, budget: int = EXPIRY_BUDGET) -> int:
+        """Forget totals not heard for `older_than_ms` (a member lists its buckets every full sync)."""
+        totals = self._totals
+        dropped = 0
+        while totals and dropped < budget:
+            key, (_, heard_ms) = next(iter(totals.items()))
+            if now_ms - heard_ms < older_than_ms:
+                break
+            del totals[key]
+            dropped += 1
+        return dropped
+
+    def __len__(self) -> int:
+        return len(self._totals)
+
+
 class PeerUsage:
     """What peers reported, merged; the engine asks it for the peers' rate of a bucket.
 
@@ -235,6 +287,10 @@ class PeerUsage:
         self._senders: dict[int, _Sender] = {}
         #: entries evicted because `max_entries` was reached (their usage dropped early)
         self.evicted = 0
+        #: peers' controller mutation totals, and where what they add goes (`QuotaEngine.attach_fleet`
+        #: sets it: (user, client-id) in wire form, partitions, debited whole, now)
+        self.counts = CountLedger(max_entries)
+        self.on_count: Callable[[tuple[str, str], float, bool, int], None] | None = None
 
     def view(self, quota: UsageKind) -> PeerView:
         """The view a quota manager keeps (see `PeerView.rate`)."""
@@ -257,6 +313,11 @@ class PeerUsage:
         views = self._views_by_name
         for entry in report.entries:
             quota, user, client_id, rate = entry
+            if quota is _COUNTED:
+                debit, whole = self.counts.heard(sender.id, user, client_id, rate, now_ms)
+                if debit > 0.0 and self.on_count is not None:
+                    self.on_count((user, client_id), debit, whole, now_ms)
+                continue
             view = views[quota._name_]  # an enum's own hash is a Python call
             key = (user, client_id)
             reports = view.reports.get(key)
@@ -347,6 +408,7 @@ class PeerUsage:
                 break
             self._remove(slot)
             dropped += 1
+        dropped += self.counts.expire(now_ms, limit, budget)
         gone = [sender_id for sender_id, sender in self._senders.items()
                 if not sender.entries and now_ms - sender.last_ms >= SENDER_RETENTION_MS]
         for sender_id in gone:
@@ -393,7 +455,7 @@ class UsageTracker:
                     if last:  # went to 0: once
                         out.append(entry)
                         sent[key] = 0.0
-                elif last is None or abs(rate - last) > ratio * last:
+                elif last is None or abs(rate - last) > ratio * last or (quota is _COUNTED and rate != last):
                     out.append(entry)
                     sent[key] = rate
             return out
@@ -422,7 +484,7 @@ __all__ = [
     "DEFAULT_CHANGE_RATIO", "DEFAULT_MAX_PEER_ENTRIES", "DEFAULT_STALE_AFTER_MS", "DELTA_CHANGE_OF_BOUND",
     "EXPIRY_BUDGET", "MAX_CLOCK_SKEW_MS", "MAX_DATAGRAM_BYTES", "MAX_FLEET_NAME_BYTES",
     "MAX_PENDING_PRODUCER_IDS", "MIN_SECRET_BYTES", "REJECT_REASONS", "SENDER_RETENTION_MS",
-    "URGENT_CHANGE_RATIO", "URGENT_MIN_INTERVAL_MS", "DatagramRejected", "NameItems", "PeerReports",
-    "PeerUsage", "PeerView", "UsageEntry", "UsageReport", "UsageTracker", "decode_usage", "encode_usage",
-    "wire_name",
+    "URGENT_CHANGE_RATIO", "URGENT_MIN_INTERVAL_MS", "CountLedger", "DatagramRejected", "NameItems",
+    "PeerReports", "PeerUsage", "PeerView", "UsageEntry", "UsageReport", "UsageTracker", "decode_usage",
+    "encode_usage", "wire_name",
 ]

@@ -51,7 +51,8 @@ class TokenBucket:
         self.tokens: float | None = None
         self.updated_ms = 0
 
-    def _refill(self, rate: float, burst: float, now_ms: int) -> float:
+    def refill(self, rate: float, burst: float, now_ms: int) -> float:
+        """The tokens at `now_ms` (refilled at `rate`, at most `burst`); the caller stores what it takes."""
         tokens = self.tokens
         if tokens is None:
             tokens = burst
@@ -65,7 +66,7 @@ class TokenBucket:
     def record(self, value: float, rate: float, now_ms: int) -> int:
         """Take `value` at `rate` per second; returns ms until the bucket is back at zero (0: not below)."""
         burst = rate * BURST_MS / 1000.0
-        tokens = self._refill(rate, burst, now_ms) - value
+        tokens = self.refill(rate, burst, now_ms) - value
         self.tokens = min(burst, tokens)
         if tokens >= 0.0:
             return 0

@@ -101,7 +101,7 @@ class CapacityMetrics(Collector):
                 fair = flow.allocation
                 if fair == float("inf"):  # not binding: the part its weight guarantees
                     fair = 0.0 if state.effective is None else state.effective * flow.weight / weights
-                fleet_rate = flow.rate.measure(now_ms) + flow.peer_rate
+                fleet_rate = flow.own_rate(now_ms) + flow.peer_rate
                 if index >= self.max_entities:
                     other[0] += flow.demand
                     other[1] += fleet_rate
