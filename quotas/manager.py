@@ -36,6 +36,7 @@ larger throttle wins), so the fleet-wide quota holds as in the "kafka" shape.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,10 @@ _NEVER = float("inf")
 
 #: `seen_ms` of a dormant bucket: its next charge always moves it back among the recent ones.
 _DORMANT_SEEN_MS = -(2**62)
+
+
+#: Paused (throttled) buckets a delta listing measures again at most (see `local_usage`).
+MAX_PAUSED_PER_DELTA = 1000
 
 
 class Resolution(NamedTuple):
@@ -225,7 +230,6 @@ class ClientQuotaManager:
         #: with a fleet: buckets charged, and throttled (-> throttle end), since the last delta listing
         self._charged: set[BucketKey] = set()
         self._throttled: dict[BucketKey, int] = {}
-        self._listed_ms = 0
         self._on_urgent: Callable[[], None] | None = None
         self._urgent_asked = False
         #: buckets that rose by URGENT_CHANGE_RATIO of their bound since they were last listed
@@ -360,8 +364,12 @@ class ClientQuotaManager:
         observed, window_ms = rate.measure_with_window(now_ms)
         peers = self.peers
         if peers is not None:
-            # Kafka's formula on the fleet's usage: this bucket's own rate plus its peers'
-            self._charged.add(key)
+            # Kafka's formula on the fleet's usage: this bucket's own rate plus its peers'. A delta
+            # report lists the buckets whose own rate moved by more than DELTA_CHANGE_OF_BOUND of the
+            # bound since peers were told: marking only those here spares the delta listing from
+            # measuring every charged bucket again (100,000 a second at 100,000 steady entities).
+            if abs(observed - bucket.reported) > DELTA_CHANGE_OF_BOUND * bound:
+                self._charged.add(key)
             if observed > bucket.urgent_above:
                 self._urgent_keys.add(key)
                 bucket.urgent_above = _NEVER  # listed soon: that resets it
@@ -417,18 +425,26 @@ class ClientQuotaManager:
         """Each bucket's own rate, for the fleet's report (see QuotaEngine.local_usage).
 
         `changed_only`: only buckets charged since the last such listing, or throttled since then
-        (a paused client's rate decays, and peers must see it fall or they under-admit), whose rate
-        moved by more than DELTA_CHANGE_OF_BOUND of their bound since they were last listed.
+        (a paused client's rate decays, and peers must see it fall or they under-admit; past
+        MAX_PAUSED_PER_DELTA of them, in turns), whose rate moved by more than
+        DELTA_CHANGE_OF_BOUND of their bound since they were last listed.
         """
         keys: set[BucketKey] | dict[BucketKey, Bucket] = self.buckets
         if changed_only:
             keys = self._charged
             throttled = self._throttled
-            if throttled:
-                since = self._listed_ms
-                keys.update(key for key, until in throttled.items() if until >= since)
+            if len(throttled) <= MAX_PAUSED_PER_DELTA:
+                keys.update(throttled)
                 self._throttled = {key: until for key, until in throttled.items() if until > now_ms}
-            self._listed_ms = now_ms
+            else:
+                # Past that many, the oldest-listed go now and to the back of the line (each is
+                # listed every len / MAX_PAUSED_PER_DELTA deltas): measuring 100,000 paused buckets
+                # ten times a second held the loop, and full reports slipped below one a second.
+                for key in list(itertools.islice(throttled, MAX_PAUSED_PER_DELTA)):
+                    until = throttled.pop(key)
+                    keys.add(key)
+                    if until > now_ms:
+                        throttled[key] = until
         out = self._list(keys, now_ms, changed_only)
         self._charged = set()
         self._urgent_keys = set()

@@ -287,7 +287,9 @@ class FleetExchange:
                 timer.cancel()
             self._wake.clear()
             now = loop.time()
-            if self._full_now or now >= self._next_full:
+            # A full report is due on the delta grid: half a sync early rather than one sync late
+            # (a tick a little ahead of the full interval would otherwise make it every 1.1 s)
+            if self._full_now or now >= self._next_full - sync_s / 2:
                 kind = "full"
                 self._full_now = False
                 self._next_full = now + full_s

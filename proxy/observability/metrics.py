@@ -100,7 +100,7 @@ class QuotaCollector(Collector):
                                           f"{text}, over the whole fleet (this member's + its peers')",
                                           labels=labels)
             for quota_type, (name, text) in _RATE_FAMILIES.items()
-            if quota_type is not QuotaType.CONTROLLER_MUTATION}  # per proxy: no fleet-wide rate
+            if quota_type is not QuotaType.CONTROLLER_MUTATION}  # its rate is this proxy's (tokens: fleet)
         for quota_type, manager in self.engine.all_managers().items():
             folded: dict[str, float] = {}
             view = None if fleet is None or quota_type not in fleet_rates else fleet.view(quota_type)

@@ -814,3 +814,18 @@ def test_a_delta_report_lists_only_the_ip_buckets_charged_since_the_last_one() -
     ips = [e for e in engine.local_usage(100, changed_only=True) if e.quota is QuotaType.CONNECTION_CREATION]
     assert [e.client_id for e in ips] == ["10.0.1.7"]
     assert len([e for e in engine.local_usage(100) if e.quota is QuotaType.CONNECTION_CREATION]) == 50
+
+
+def test_paused_buckets_are_listed_again_in_turns_past_a_thousand() -> None:
+    """A delta listing measures every paused (throttled) bucket again, so peers see its rate fall;
+    past MAX_PAUSED_PER_DELTA of them it takes the longest-waiting thousand, the others next time."""
+    engine = QuotaEngine(EngineConfig(window=WindowConfig(11, 1000)))
+    engine.set_quotas({QuotaEntity(None, DEFAULT): {P: 1000.0}})
+    engine.attach_fleet(PeerUsage(11_000, own_sender=1))
+    for i in range(2500):
+        assert engine.charge("u", f"c{i}", 0, produce_bytes=1_000_000).throttle_ms > 0
+    assert len(engine.local_usage(1, changed_only=True)) == 2500  # charged: all of them
+    # 12 s on, every sample has expired: each bucket listed again reads 0, a move peers must see
+    turns = [{e.client_id for e in engine.local_usage(12_000 + n, changed_only=True)} for n in range(4)]
+    assert [len(t) for t in turns] == [1000, 1000, 500, 0]
+    assert set.union(*turns) == {f"c{i}" for i in range(2500)}
