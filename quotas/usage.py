@@ -133,24 +133,12 @@ class UsageAccount:
 
     def throttled(self, user: str, client_id: str, quota_type: QuotaType, throttle_ms: int) -> None:
         """A throttle `quota_type` decided (the largest one of its request, as Kafka records)."""
-        throttles = self._entity(user, client_id).throttles
-        counts = throttles.get(quota_type)
-        if counts is None:
-            throttles[quota_type] = [1, throttle_ms]
-        else:
-            counts[0] += 1
-            counts[1] += throttle_ms
+        _count(self._entity(user, client_id).throttles, quota_type, throttle_ms)
 
     def capacity_throttled(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int) -> None:
         """A throttle the cluster capacity decided (the tenant was above its fair share), counted
         apart from the quotas' throttles."""
-        throttles = self._entity(user, client_id).capacity_throttles
-        counts = throttles.get(direction)
-        if counts is None:
-            throttles[direction] = [1, throttle_ms]
-        else:
-            counts[0] += 1
-            counts[1] += throttle_ms
+        _count(self._entity(user, client_id).capacity_throttles, direction, throttle_ms)
 
     def take(self, now_ms: int) -> UsageInterval:
         """The interval [start, now_ms) and a new one from now_ms; `now_ms` never goes back."""
@@ -173,3 +161,13 @@ class UsageAccount:
 
 
 __all__ = ["MAX_USAGE_ENTITIES", "OTHER", "EntityUsage", "UsageAccount", "UsageInterval"]
+
+
+def _count(throttles: dict[QuotaType, list[int]], quota_type: QuotaType, throttle_ms: int) -> None:
+    """One more throttle of `throttle_ms` under `quota_type`: [count, total ms]."""
+    counts = throttles.get(quota_type)
+    if counts is None:
+        throttles[quota_type] = [1, throttle_ms]
+    else:
+        counts[0] += 1
+        counts[1] += throttle_ms
