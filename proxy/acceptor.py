@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from config.common import Address
 from config.settings import ProxySettings
 from protocol.proxy_header import ProxyHeaderError
 from quotas.connection_quotas import ConnectionQuotas
@@ -37,7 +38,6 @@ from .observability.connection_metrics import ConnectionMetrics
 
 log = logging.getLogger("kthrottle.acceptor")
 
-Address = tuple[str, int]
 
 #: Backoff after accept() itself fails (out of descriptors, ENOBUFS): as Kafka's acceptor, log and
 #: go on, without spinning on a listener that cannot accept.

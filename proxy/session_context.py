@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from config.common import Address
 from config.settings import ProxySettings
 from protocol.topic_names import TopicNames
 from quotas.engine import QuotaEngine
@@ -24,8 +25,6 @@ from .observability.metrics import ProxyMetrics
 from .tls import TlsContexts
 from .upstream.directory import BrokerDirectory
 from .upstream.health import UpstreamHealth
-
-Address = tuple[str, int]
 
 
 class SessionContext(Protocol):
