@@ -216,7 +216,7 @@ class DirectionState:
     #: what was sent since the last refresh unmetered (nothing bound, or by a tenant new since
     #: then, which has no allocation yet): past one refresh
     #: interval's worth of the capacity, `record` refreshes at once. Without it, consumers starting
-    #: together fetched 20x a fetch capacity for the seconds before the first refreshes saw them
+    #: together fetched 14x a fetch capacity for the seconds before the first refreshes saw them
     #: (each fetch response is megabytes, answered in milliseconds while nothing binds). A refresh
     #: costs O(tenants), but how many run early is bounded by bytes, not time: each needs another
     #: interval's worth, and the demands reach the capacity within a window's worth of it.
