@@ -229,7 +229,7 @@ def test_capacity_config_checks_itself() -> None:
 
 def test_consumers_starting_together_are_bound_within_the_first_second() -> None:
     """Nothing binds before a refresh sees them: fetch responses of megabytes, answered in
-    milliseconds, took 14x a fetch capacity for 3 s on the real cluster (here 124x over the first second:
+    milliseconds, took 14x a fetch capacity for 3 s on the real cluster (here 362x over the first second:
     a tenant new since the last refresh had no allocation). `record` refreshes early once an
     interval's worth of the capacity went unmetered: the start costs each tenant its first fetches,
     its one-second burst and one response into debt (4.2x here), paid back by the throttles."""
