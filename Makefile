@@ -42,11 +42,15 @@ unit: $(STAMP) tools
 	$(VENV)/bin/pytest -q tests/unit
 
 integration: $(STAMP) kafka tools
-	$(VENV)/bin/pytest -q tests/integration
+	$(VENV)/bin/pytest -q -ra $(PARALLEL) tests/integration
 
-# Every test: lint, types, unit and integration tests against a real local cluster.
+# Every test: lint, types, unit and integration tests against a real local cluster. In parallel:
+# TEST_WORKERS pytest-xdist workers, each with its own cluster and ports; the groups and the tests
+# that run alone are conftest.py's (docs/testing.md).
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) kafka tools lint typecheck
-	$(VENV)/bin/pytest -q -ra tests/unit tests/integration spark_tests
+	$(VENV)/bin/pytest -q -ra $(PARALLEL) tests/unit tests/integration spark_tests
 
 bench: $(STAMP) kafka
 	$(PY) -m bench.throughput

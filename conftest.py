@@ -1,16 +1,41 @@
-"""Session fixtures shared by every test directory (tests/integration and spark_tests).
+"""Session fixtures and the parallel run's plumbing, shared by every test directory (tests/ and
+spark_tests/).
 
 Why here: pytest shows a conftest's fixtures only to tests below it, and both suites must share one
-real Kafka cluster: a 3-node KRaft cluster takes seconds to start, so a session starts it once.
+real Kafka cluster per process: a 3-node KRaft cluster takes seconds to start, so a session starts it
+once. Under pytest-xdist (`make test` runs `-n`), each worker is its own session, so each worker has
+its own cluster, ports (a slice of `harness.ports`), temp dirs and certificates. What else a
+parallel run needs lives here too:
+- every test outside tests/unit goes into an `xdist_group` (its module, `spark` for Spark's tests,
+  `quiet` for those marked so), so a module's fixtures are set up on one worker only;
+- groups are handed out longest first (`tests/durations.json`), so no long module starts last;
+- a test marked `quiet` runs with no other test beside it (`tests/quiet.py`);
+- the figures that workers measured are printed once, by the controller, after the results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
 from harness.local_kafka import TEST_HEAP_MB, LocalKafka
+from harness.ports import PORTS_ENV, port_range, worker_slice
+from tests.durations import group_costs
+from tests.quiet import MARKER as QUIET
+from tests.quiet import Room
+
+_ROOT = Path(__file__).resolve().parent
+_UNIT = _ROOT / "tests" / "unit"
+_SPARK = _ROOT / "spark_tests"
+_FIGURES_KEY = "kthrottle_figures"
+_ROOM_KEY = "kthrottle_quiet_room"
+_collected_figures: list[str] = []
 
 
 @pytest.fixture(scope="session")
@@ -29,12 +54,106 @@ def kafka_cluster() -> Iterator[LocalKafka]:
         cluster.stop()
 
 
+# ------------------------------------------------------------------------------- the parallel run
+
+
+def _worker_input(config: pytest.Config) -> dict[str, object] | None:
+    return getattr(config, "workerinput", None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker takes its slice of the ports and joins the run's room; the controller makes the room."""
+    worker = _worker_input(config)
+    if worker is None:
+        return
+    index = int(str(worker["workerid"]).removeprefix("gw"))
+    count = int(str(worker["workercount"]))
+    low, high = worker_slice(index % count, count, port_range())
+    os.environ[PORTS_ENV] = f"{low}-{high}"  # for this worker and everything it starts
+    config.stash[_room] = Room(Path(str(worker[_ROOM_KEY])))
+
+
+_room_dir = pytest.StashKey[Path]()
+_room = pytest.StashKey[Room]()
+
+
+def pytest_configure_node(node: object) -> None:
+    """xdist (controller): tell each worker where the run's room is."""
+    config: pytest.Config = node.config  # type: ignore[attr-defined]
+    if _room_dir not in config.stash:
+        config.stash[_room_dir] = Path(tempfile.mkdtemp(prefix="kthrottle-room-"))
+    node.workerinput[_ROOM_KEY] = str(config.stash[_room_dir])  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _room in config.stash:
+        config.stash[_room].close()
+    if _room_dir in config.stash:
+        shutil.rmtree(config.stash[_room_dir], ignore_errors=True)
+
+
+def _group(item: pytest.Item) -> str | None:
+    path = item.path.resolve()
+    if item.get_closest_marker(QUIET) is not None:
+        return QUIET
+    if _UNIT in path.parents:
+        return None  # pure and fast: spread one test at a time, they fill the run's tail
+    if _SPARK in path.parents:
+        return "spark"  # one SparkSession per worker that runs them: only one worker
+    return path.relative_to(_ROOT).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests and order the groups longest first; within a group the order is unchanged."""
+    groups = {id(item): _group(item) for item in items}
+    for item in items:
+        if groups[id(item)] is not None:
+            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    cost = group_costs((groups[id(item)], item.path.resolve().relative_to(_ROOT).as_posix())
+                       for item in items)
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (-cost[groups[id(item)]], order[id(item)]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item,
+                            nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Hold the room around the test's setup, call and teardown: alone for a quiet test, and kept
+    while the next test is quiet too."""
+    room = item.config.stash.get(_room, None)
+    if room is None:
+        return (yield)
+    room.enter(alone=item.get_closest_marker(QUIET) is not None)
+    try:
+        return (yield)
+    finally:
+        if not (room.alone and nextitem is not None and nextitem.get_closest_marker(QUIET) is not None):
+            room.leave()
+
+
+# ------------------------------------------------------------------------------- measured figures
+
+
+def _figures() -> list[str]:
+    runs = sys.modules.get("tests.integration.quota_runs")
+    return list(getattr(runs, "FIGURES", []))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker hands its figures to the controller."""
+    if _worker_input(session.config) is not None:
+        session.config.workeroutput[_FIGURES_KEY] = _figures()  # type: ignore[attr-defined]
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist (controller): keep what a finished worker measured."""
+    _collected_figures.extend(getattr(node, "workeroutput", {}).get(_FIGURES_KEY, []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures the rate runs measured (tests/integration/quota_runs.py), after the results."""
-    import sys
-
-    runs = sys.modules.get("tests.integration.quota_runs")
-    figures = getattr(runs, "FIGURES", [])
+    figures = _collected_figures or _figures()
     if figures:
         terminalreporter.section("figures measured by the rate runs")
         for line in figures:

@@ -320,7 +320,7 @@ def _workers_proxy(upstream: str) -> RunningProxy:
 def _free_tcp_block(size: int) -> int:
     from tests.integration.proxies import free_port_block
 
-    return free_port_block(size, start=26000)
+    return free_port_block(size)
 
 
 def _worker_bytes(proxy: RunningProxy) -> list[float]:

@@ -148,7 +148,7 @@ def client_id_storm(cluster: LocalKafka, ids: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "kthrottle.toml"
         config.write_text('[proxy]\n\n[[quota]]\nclient_id = "<default>"\nrequest_percentage = 1000.0\n')
-        metrics_port = free_port_block(1, start=26000)
+        metrics_port = free_port_block(1)
         with RunningProxy(cluster.bootstrap, extra_args=["--config", str(config),
                                                          "--metrics-port", str(metrics_port)]) as proxy:
             time.sleep(1)

@@ -1,4 +1,5 @@
-"""Child JVMs of the harness: free ports to give them, their death with the test run, their logs' tails.
+"""Child JVMs of the harness: free ports to give them (``ports``), their death with the test run,
+their logs' tails.
 
 Why a module of its own: the Kafka cluster and ZooKeeper start their JVMs the same way.
 """
@@ -8,27 +9,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
-import socket
 from pathlib import Path
 
-from .broker_config import HOST
+from .ports import free_ports
+
+__all__ = ["LOG_TAIL_LINES", "die_with_parent", "free_ports", "tail"]
 
 LOG_TAIL_LINES = 40
 """How much of a log a failure message quotes."""
-
-
-def free_ports(count: int) -> list[int]:
-    """Ask the kernel for distinct free ports; all sockets stay open until every port is chosen."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 _PR_SET_PDEATHSIG = 1

@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, Self
 
+from harness.ports import free_port_block
+
 Address = tuple[str, int]
 Mode = Literal["send-proxy-v2", "send-proxy"] | None
 
@@ -72,13 +74,11 @@ def _hostport(host: str, port: int) -> str:
 
 
 def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, 0))
-        except OSError as exc:
-            raise RuntimeError(f"HAProxy could not listen on {host}: {exc}") from exc
-        return int(sock.getsockname()[1])
+    """A port for HAProxy's frontend on ``host``, from this worker's slice (``harness.ports``)."""
+    try:
+        return free_port_block(1, host)
+    except OSError as exc:
+        raise RuntimeError(f"HAProxy could not listen on {host}: {exc}") from exc
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -7,10 +7,8 @@ check what it saw (principals, close reasons).
 from __future__ import annotations
 
 import os
-import random
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,40 +16,11 @@ import time
 from pathlib import Path
 from typing import Self
 
+from harness.ports import free_port_block
+
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    """The first port the kernel hands to outgoing connections (ip_local_port_range)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port_block(size: int, start: int = 21000, stop: int | None = None) -> int:
-    """A port P with P .. P+size-1 all free (the proxy maps node N to P + 1 + N).
-
-    Ports come from below the kernel's ephemeral range, so an outgoing connection (a storm test
-    opens tens of thousands) can never take one between this check and the proxy's bind. The search
-    starts at a random place, so test runs side by side rarely race for one port.
-    """
-    stop = min(stop or 65536, _ephemeral_low())
-    first = start + random.randrange(0, (stop - start) // 2)
-    for base in [*range(first, stop, size + 3), *range(start, first, size + 3)]:
-        if all(_port_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError(f"no block of {size} free ports between {start} and {stop}")
+__all__ = ["REPO", "QuotaProxy", "RunningProxy", "free_port_block"]
 
 
 class RunningProxy:
@@ -127,7 +96,7 @@ class QuotaProxy(RunningProxy):
         self.config_path = workdir / "kthrottle.toml"
         self.settings = settings
         self.config_path.write_text(f"[proxy]\n{settings}\n")
-        self.metrics_port = free_port_block(1, start=26000)
+        self.metrics_port = free_port_block(1)
         super().__init__(upstream, extra_args=["--config", str(self.config_path),
                                                "--metrics-port", str(self.metrics_port)])
 

@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harness.local_kafka import LocalKafka
+from harness.ports import free_udp_port
 
 from .clients import topic_name
 from .proxies import REPO, RunningProxy, free_port_block
@@ -90,7 +91,7 @@ class PrometheusServer:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail(INSTALL_HINT, pytrace=False)
-        self.port = free_port_block(1, start=26000)
+        self.port = free_port_block(1)
         self.log_path = workdir / "prometheus.log"
         # Open for the server's whole life (closed in stop()), so no context manager.
         self._log = self.log_path.open("wb")
@@ -168,15 +169,9 @@ scrape_configs:
 # -- the proxies ------------------------------------------------------------------------------------
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_proxy(upstream: str, config: Path, text: str) -> tuple[RunningProxy, int]:
     config.write_text(text)
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     proxy = RunningProxy(upstream, extra_args=["--config", str(config), "--metrics-port", str(metrics_port)])
     return proxy, metrics_port
 
@@ -285,7 +280,7 @@ def test_prometheus_fires_upstream_down_for_the_cut_proxy_and_knows_every_name(
         kafka_cluster: LocalKafka, relay: TcpRelay, tmp_path: Path) -> None:
     secret = tmp_path / "fleet.secret"
     secret.write_text(secrets.token_hex(32))
-    udp_a, udp_b = _free_udp_port(), _free_udp_port()
+    udp_a, udp_b = free_udp_port(), free_udp_port()
     fleet_name = f"alerts-{secrets.token_hex(4)}"
 
     def fleet(udp_port: int) -> str:

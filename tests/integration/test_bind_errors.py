@@ -70,7 +70,7 @@ def test_a_taken_listen_port(kafka_cluster: LocalKafka, workers: int) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_taken_metrics_port(kafka_cluster: LocalKafka, workers: int) -> None:
     port = free_port_block(12)
-    metrics_port = free_port_block(2, start=26000)
+    metrics_port = free_port_block(2)
     with held_port(metrics_port):
         code, stderr, _ = run_until_exit(kafka_cluster.bootstrap, port, "--metrics-port", str(metrics_port),
                                          "--workers", str(workers))

@@ -32,6 +32,9 @@ from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, produce_for, report
 from tests.integration.test_quotas import _topic
 
+#: Latency figures (gold's p50 and p99) and the factor that follows them.
+pytestmark = pytest.mark.quiet
+
 CAPACITY = 40_000_000  # bytes/s: above what this machine's cluster takes through a proxy
 GOLD_RATE = 200  # records/s of 1 KB, acks=all
 PHASE_S = 20

@@ -57,10 +57,6 @@ RUN_S = 40.0
 #: Kafka's "no limit" (Int.MaxValue): an exact entity with it exempts an address from <default>.
 UNLIMITED = 2**31 - 1
 
-#: Where the metrics ports are picked: below Linux's ephemeral range (32768-60999), because the metrics
-#: server binds 0.0.0.0 and the storms leave tens of thousands of TIME_WAIT sockets on ephemeral ports
-#: of 127.0.0.2 ... 127.0.0.9, which a 0.0.0.0 bind collides with (a 127.0.0.1 probe does not see them).
-METRICS_PORTS = (12000, 20000)
 THROTTLED_IP = "ip_quota"
 INVALID_REQUEST = 42
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -94,7 +90,7 @@ class AddressProxy(RunningProxy):
         self.config_path = workdir / f"kthrottle-{uuid.uuid4().hex[:8]}.toml"
         self.config_path.write_text(config)
         self.workers = workers
-        self.metrics_port = free_port_block(workers, start=METRICS_PORTS[0], stop=METRICS_PORTS[1])
+        self.metrics_port = free_port_block(workers)
         args = ["--config", str(self.config_path), "--metrics-port", str(self.metrics_port),
                 *(extra_args or [])]
         if workers > 1:

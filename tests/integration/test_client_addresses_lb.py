@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import LocalKafka
+from harness.ports import free_udp_port
 from protocol.proxy_header import V2_SIGNATURE, encode_v2
 
 from .clients import api_versions_v0, assert_exact, wait_until
@@ -41,7 +42,6 @@ from .test_client_addresses import (
     summed,
     timeline,
 )
-from .test_fleet import free_udp_port
 
 PROXY_PROTOCOL = '[proxy]\nproxy_protocol = "v1,v2"\nproxy_protocol_trusted = ["127.0.0.1"]\n\n'
 REFUSED = "kthrottle_connections_refused_total"

@@ -345,7 +345,7 @@ def live_run(kafka_cluster: LocalKafka, tmp_path_factory: pytest.TempPathFactory
     workdir = tmp_path_factory.mktemp("compose-dash")
     config = workdir / "kthrottle.toml"
     config.write_text(LIVE_QUOTAS)
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     proxy = RunningProxy(kafka_cluster.bootstrap,
                          extra_args=["--metrics-port", str(metrics_port), "--config", str(config)])
     try:

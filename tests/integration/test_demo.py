@@ -8,12 +8,16 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.local_kafka import LocalKafka
 
 from .clients import wait_until
 from .proxies import REPO, RunningProxy, free_port_block
+
+#: The demo's CPU bound.
+pytestmark = pytest.mark.quiet
 
 #: How long the CPU time is measured, and the bound: a generous one (measured: about 0.05 core).
 MEASURE_S = 20.0
@@ -43,7 +47,7 @@ def produced_bytes(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def test_the_demo_is_throttled_and_costs_next_to_nothing(kafka_cluster: LocalKafka) -> None:
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     args = ["--config", str(REPO / "deploy" / "quotas.toml"), "--metrics-port", str(metrics_port), "--demo"]
     with RunningProxy(kafka_cluster.bootstrap, extra_args=args) as running:
         wait_until(lambda: scrape(metrics_port).get(("kthrottle_throttles_total", DEMO), 0) > 0, 90,

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.local_kafka import LocalKafka
+from harness.ports import free_udp_port
 from quotas.fleet import UsageEntry, encode_usage
 from quotas.types import QuotaType
 
@@ -72,12 +73,6 @@ DEAD_MEMBER_FADES_S = 3.0 + 3.0
 # -- members ------------------------------------------------------------------------------------------
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of /metrics on `port`, keyed by (name, sorted labels)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
@@ -95,7 +90,7 @@ class Member(RunningProxy):
                  peers: list[str] | None = None, fleet: str = "", workers: int = 1,
                  name: str | None = FLEET, upstream_tls: str = "") -> None:
         self.workers = workers
-        self.metrics_port = free_port_block(workers, start=26000)
+        self.metrics_port = free_port_block(workers)
         self.udp_port = udp_port
         config = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
         text = f"[proxy]\n{QUOTA_SETTINGS}\n\n"

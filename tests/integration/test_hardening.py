@@ -184,10 +184,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.quiet  # CPU seconds of a proxy holding silent connections
 def test_running_out_of_descriptors_refuses_clients_and_keeps_metrics(kafka_cluster: LocalKafka) -> None:
     """With 256 descriptors the default max_connections is (256 - 64) / 2 = 96: the rest are refused,
     /metrics still answers, and nothing spins while the silent connections sit there."""
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     with RunningProxy(kafka_cluster.bootstrap, nofile=256,
                       extra_args=["--metrics-port", str(metrics_port)]) as running:
         opened: list[socket.socket] = []
@@ -231,7 +232,7 @@ def test_health_endpoints_with_a_reachable_upstream(limited_proxy: QuotaProxy) -
 
 @pytest.mark.parametrize("upstream", ["127.0.0.1:1", "no-such-broker.invalid:9092"])
 def test_an_unusable_upstream_is_reported_once_and_not_ready(upstream: str) -> None:
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     with RunningProxy(upstream, extra_args=["--metrics-port", str(metrics_port)]) as running:
         for n in range(20):  # clients keep coming: no line per client
             with connect(running.port) as sock:

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaException
 
 from harness.local_kafka import SASL_USERS
@@ -23,6 +24,9 @@ from tests.integration.conftest import JAVA_PRODUCER_PERF, KafkaJava
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, consume_for, produce_for, report
 from tests.integration.test_quotas import QUOTA, RUN_S, _assert_rate, _end_offsets, _fill, _sasl, _topic
+
+#: Rate accuracy against Kafka's formula: clients at full speed must not wait for the CPU.
+pytestmark = pytest.mark.quiet
 
 #: Consumer runs read a topic written in record batches of at most 16 KiB (the Java producer's
 #: default `batch.size`) with 64 KiB per partition per fetch, so one fetch response is about 5 %

@@ -93,6 +93,7 @@ def test_consumer_byte_rate_default_user_sasl_exactly_once(sasl_quota_proxy: Quo
 # -- tenants, request time, producer ids, live changes -------------------------------------------
 
 
+@pytest.mark.quiet  # tenant b's 20 MB/s is bound by the CPU
 def test_throttled_tenant_does_not_slow_the_other(quota_proxy: QuotaProxy) -> None:
     """Tenant b alone, then twice beside a throttled tenant a, then alone again: means compared.
 

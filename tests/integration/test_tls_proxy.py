@@ -75,7 +75,7 @@ class TlsProxy(RunningProxy):
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "kthrottle.toml"
         self.config_path.write_text(f"[proxy]\n{proxy_settings}\n\n{tables}\n")
-        self.metrics_port = free_port_block(1, start=26000)
+        self.metrics_port = free_port_block(1)
         super().__init__(upstream, extra_args=["--config", str(self.config_path),
                                                "--metrics-port", str(self.metrics_port)])
 

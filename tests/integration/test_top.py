@@ -117,7 +117,7 @@ def traffic(kafka_cluster: LocalKafka, two_proxies: tuple[QuotaProxy, QuotaProxy
 
 
 def _dead_endpoint() -> str:
-    return f"127.0.0.1:{free_port_block(1, start=30000)}"  # nothing listens there
+    return f"127.0.0.1:{free_port_block(1)}"  # nothing listens there
 
 
 def _top_command(a: QuotaProxy, b: QuotaProxy, dead: str, *extra: str) -> list[str]:
@@ -274,7 +274,7 @@ def test_a_tiny_terminal_does_not_break_it(two_proxies: tuple[QuotaProxy, QuotaP
 def test_kthrottle_top_command_names_an_unreachable_proxy() -> None:
     """`kthrottle top` is the CLI's subcommand: with no proxy answering, --once prints the endpoint as
     unreachable with its error and exits 1 (0 when any proxy answered)."""
-    closed = free_port_block(1, start=31000)
+    closed = free_port_block(1)
     done = subprocess.run([sys.executable, "-m", "cli", "top", "--metrics", f"127.0.0.1:{closed}",
                            "--once", "--interval", "0.2", "--width", "120"],
                           capture_output=True, text=True, timeout=60, check=False)

@@ -55,7 +55,7 @@ def silent_upstream() -> Iterator[int]:
 
 
 def test_an_upstream_that_accepts_and_never_answers_is_down_with_the_reason() -> None:
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     reason = f"no answer to ApiVersions within {PROBE_TIMEOUT_S:g} s"
     with silent_upstream() as port, RunningProxy(f"127.0.0.1:{port}",
                                                  extra_args=["--metrics-port", str(metrics_port)]) as running:
@@ -74,7 +74,7 @@ def _ready_proxy(upstream: str, workdir: Path, tables: str = "") -> tuple[int, s
     """/ready's answer and kthrottle_upstream_up of a proxy in front of `upstream`."""
     config = workdir / "kthrottle.toml"
     config.write_text(f"[proxy]\n\n{tables}\n")
-    metrics_port = free_port_block(1, start=26000)
+    metrics_port = free_port_block(1)
     with RunningProxy(upstream, extra_args=["--config", str(config), "--metrics-port", str(metrics_port)]):
         status, text = http_get(metrics_port, "/ready")
         metrics = http_get(metrics_port, "/metrics")[1]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from config.zookeeper import (
     java_double,
 )
 from harness.local_zookeeper import ZOOKEEPER_VERSION, LocalZooKeeper, four_letter_word
+from harness.ports import free_port_block
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.types import QuotaType
@@ -618,9 +618,7 @@ def test_session_expiry_resynchronises_and_rearms_watches(
 
 
 def test_start_fails_clearly_when_zookeeper_is_unreachable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port_block(1)  # nothing listens there
     recorder = Recorder()
     source = ZooKeeperQuotas(f"127.0.0.1:{port}", on_change=recorder, timeout=1.0)
     began = time.monotonic()

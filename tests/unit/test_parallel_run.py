@@ -1,0 +1,139 @@
+"""The parallel run's plumbing: the quiet room (tests/quiet.py), the port slices (harness/ports.py) and
+the order of groups (tests/durations.py). Real processes and real sockets, no mocks: each is small."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import ports
+from tests import durations
+from tests.quiet import Room
+
+_CTX = multiprocessing.get_context("fork")
+
+
+def _hold(directory: str, alone: bool, entered: multiprocessing.synchronize.Event,
+          release: multiprocessing.synchronize.Event) -> None:
+    room = Room(Path(directory))
+    room.enter(alone=alone)
+    entered.set()
+    release.wait(30)
+    room.close()
+
+
+def _enter_within(directory: Path, alone: bool, seconds: float) -> bool:
+    """Does a new process get in within `seconds`? (It is killed if not.)"""
+    entered, release = _CTX.Event(), _CTX.Event()
+    process = _CTX.Process(target=_hold, args=(str(directory), alone, entered, release))
+    process.start()
+    got_in = entered.wait(seconds)
+    release.set()
+    if not got_in:
+        process.kill()  # still blocked in flock
+    process.join(5)
+    return got_in
+
+
+def test_ordinary_tests_share_the_room(tmp_path: Path) -> None:
+    with Room(tmp_path) as room:
+        room.enter(alone=False)
+        assert _enter_within(tmp_path, alone=False, seconds=5)
+
+
+def test_a_quiet_test_waits_for_the_room_to_empty_and_then_has_it_alone(tmp_path: Path) -> None:
+    with Room(tmp_path) as room:
+        room.enter(alone=False)
+        assert not _enter_within(tmp_path, alone=True, seconds=0.5)
+        room.leave()
+        assert _enter_within(tmp_path, alone=True, seconds=5)
+        room.enter(alone=True)
+        assert not _enter_within(tmp_path, alone=False, seconds=0.5)
+        assert not _enter_within(tmp_path, alone=True, seconds=0.5)
+    assert _enter_within(tmp_path, alone=False, seconds=5)
+
+
+def test_a_waiting_quiet_test_shuts_the_gate_on_new_ordinary_ones(tmp_path: Path) -> None:
+    """Writer preference: once a quiet test waits, a new ordinary test queues behind it."""
+    with Room(tmp_path) as room:
+        room.enter(alone=False)
+        entered, release = _CTX.Event(), _CTX.Event()
+        quiet = _CTX.Process(target=_hold, args=(str(tmp_path), True, entered, release))
+        quiet.start()
+        try:
+            time.sleep(0.3)  # the quiet process now holds the gate and waits for the room
+            assert not entered.is_set()
+            assert not _enter_within(tmp_path, alone=False, seconds=0.5)
+            room.leave()
+            assert entered.wait(5)
+        finally:
+            release.set()
+            quiet.join(5)
+
+
+def test_a_dead_holder_leaves_the_room(tmp_path: Path) -> None:
+    entered, release = _CTX.Event(), _CTX.Event()
+    holder = _CTX.Process(target=_hold, args=(str(tmp_path), True, entered, release))
+    holder.start()
+    assert entered.wait(5)
+    holder.kill()
+    holder.join()
+    assert _enter_within(tmp_path, alone=True, seconds=5)
+
+
+def test_worker_slices_are_disjoint_and_below_the_ephemeral_range() -> None:
+    whole = ports.whole_range()
+    assert whole[1] == ports.ephemeral_low()
+    slices = [ports.worker_slice(i, 4, whole) for i in range(4)]
+    assert slices[0][0] == whole[0] and slices[-1][1] <= whole[1]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(slices))
+    with pytest.raises(ValueError, match="worker index 4"):
+        ports.worker_slice(4, 4, whole)
+
+
+def test_ports_come_from_the_slice_and_are_not_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ports.PORTS_ENV, "15000-15040")
+    got = ports.free_ports(10)
+    assert len(set(got)) == 10 and all(15000 <= p < 15040 for p in got)
+    block = ports.free_port_block(5)
+    assert not set(range(block, block + 5)) & set(got)
+    with socket.create_server(("127.0.0.1", got[0])):
+        assert not ports.port_free(got[0])
+
+
+def test_a_bad_port_range_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ports.PORTS_ENV, "12000")
+    with pytest.raises(RuntimeError, match="KTHROTTLE_PORTS='12000' is not LO-HI"):
+        ports.port_range()
+    monkeypatch.setenv(ports.PORTS_ENV, "500-600")
+    with pytest.raises(RuntimeError, match="need 1024 <= LO < HI"):
+        ports.port_range()
+
+
+def test_groups_cost_their_modules_and_unit_tests_sort_last(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    table = tmp_path / "durations.json"
+    table.write_text(json.dumps({"a.py": 100.0, "b.py": 30.0}))
+    monkeypatch.setattr(durations, "DURATIONS", table)
+    monkeypatch.setattr(durations.load, "__defaults__", (table,))
+    costs = durations.group_costs([("a.py", "a.py"), ("quiet", "a.py"), ("quiet", "b.py"),
+                                   ("new.py", "new.py"), (None, "tests/unit/x.py")])
+    assert costs == {"a.py": 100.0, "quiet": 130.0, "new.py": durations.UNKNOWN_MODULE_S,
+                     None: durations.UNGROUPED_COST}
+
+
+def test_the_table_is_rebuilt_from_a_junit_report(tmp_path: Path) -> None:
+    report = tmp_path / "run.xml"
+    report.write_text('<testsuites><testsuite>'
+                      '<testcase classname="tests.quiet" name="a" time="1.5"/>'
+                      '<testcase classname="tests.quiet" name="b" time="2.0"/>'
+                      '<testcase classname="tests.unit.test_parallel_run.TestX" name="c" time="0.3"/>'
+                      '<testcase classname="no.such.module" name="d" time="9"/>'
+                      '</testsuite></testsuites>')
+    assert durations.from_junit(report) == {"tests/quiet.py": 3.5, "tests/unit/test_parallel_run.py": 0.3}
