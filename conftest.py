@@ -9,7 +9,8 @@ parallel run needs lives here too:
 - every test outside tests/unit goes into an `xdist_group` (its module, `spark` for Spark's tests,
   `quiet` for those marked so), so a module's fixtures are set up on one worker only;
 - groups are handed out longest first (`tests/durations.json`), so no long module starts last;
-- a test marked `quiet` runs with no other test beside it (`tests/quiet.py`);
+- a test marked `quiet` gets the CPU it asks for: its worker's CPU weight is raised, or, where the
+  run can't make a cgroup, no other test runs beside it (`tests/quiet.py`);
 - the figures that workers measured are printed once, by the controller, after the results.
 """
 
@@ -27,14 +28,16 @@ import pytest
 from harness.local_kafka import TEST_HEAP_MB, LocalKafka
 from harness.ports import PORTS_ENV, port_range, worker_slice
 from tests.durations import group_costs
+from tests.quiet import KNOBS, CpuPriority, Guard, Room
 from tests.quiet import MARKER as QUIET
-from tests.quiet import Room
 
 _ROOT = Path(__file__).resolve().parent
 _UNIT = _ROOT / "tests" / "unit"
 _SPARK = _ROOT / "spark_tests"
 _FIGURES_KEY = "kthrottle_figures"
 _ROOM_KEY = "kthrottle_quiet_room"
+_CGROUP_KEY = "kthrottle_quiet_cgroup"
+_KNOB_KEY = "kthrottle_quiet_knob"
 _collected_figures: list[str] = []
 
 
@@ -62,34 +65,76 @@ def _worker_input(config: pytest.Config) -> dict[str, object] | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A worker takes its slice of the ports and joins the run's room; the controller makes the room."""
+    """The controller picks how quiet tests get their CPU; a worker takes its slice of the ports and
+    its part in that."""
     worker = _worker_input(config)
     if worker is None:
+        if getattr(config.option, "dist", "no") != "no":  # the xdist controller
+            _choose_quiet(config)
         return
     index = int(str(worker["workerid"]).removeprefix("gw"))
     count = int(str(worker["workercount"]))
     low, high = worker_slice(index % count, count, port_range())
     os.environ[PORTS_ENV] = f"{low}-{high}"  # for this worker and everything it starts
-    config.stash[_room] = Room(Path(str(worker[_ROOM_KEY])))
+    if _CGROUP_KEY in worker:
+        priority = CpuPriority(Path(str(worker[_CGROUP_KEY])), KNOBS[str(worker[_KNOB_KEY])])
+        try:
+            priority.join(str(worker["workerid"]))
+        except OSError as exc:
+            raise pytest.UsageError(f"worker {worker['workerid']} cannot join the cgroup "
+                                    f"{priority.run_group}: {exc}") from exc
+        config.stash[_guard] = priority
+    else:
+        config.stash[_guard] = Room(Path(str(worker[_ROOM_KEY])))
 
 
-_room_dir = pytest.StashKey[Path]()
-_room = pytest.StashKey[Room]()
+_quiet_way = pytest.StashKey[CpuPriority | Path]()
+_guard = pytest.StashKey[Guard]()
+
+
+def _choose_quiet(config: pytest.Config) -> None:
+    """CPU priority through a cgroup where the run may make one; else the room (quiet tests alone)."""
+    try:
+        config.stash[_quiet_way] = CpuPriority.create()
+    except (OSError, RuntimeError) as exc:
+        config.stash[_quiet_way] = Path(tempfile.mkdtemp(prefix="kthrottle-room-"))
+        config.stash[_why_no_cgroup] = str(exc)
+
+
+_why_no_cgroup = pytest.StashKey[str]()
+
+
+def _quiet_line(config: pytest.Config) -> str | None:
+    way = config.stash.get(_quiet_way, None)
+    if isinstance(way, CpuPriority):
+        return f"quiet tests ran beside the others, their worker's CPU weight raised ({way.run_group})"
+    if isinstance(way, Path):
+        return (f"quiet tests ran alone, the other workers waiting (no cgroup: "
+                f"{config.stash.get(_why_no_cgroup, '?')})")
+    return None
 
 
 def pytest_configure_node(node: object) -> None:
-    """xdist (controller): tell each worker where the run's room is."""
+    """xdist (controller): tell each worker how quiet tests get their CPU."""
     config: pytest.Config = node.config  # type: ignore[attr-defined]
-    if _room_dir not in config.stash:
-        config.stash[_room_dir] = Path(tempfile.mkdtemp(prefix="kthrottle-room-"))
-    node.workerinput[_ROOM_KEY] = str(config.stash[_room_dir])  # type: ignore[attr-defined]
+    workerinput: dict[str, object] = node.workerinput  # type: ignore[attr-defined]
+    way = config.stash[_quiet_way]
+    if isinstance(way, CpuPriority):
+        workerinput[_CGROUP_KEY] = str(way.run_group)
+        workerinput[_KNOB_KEY] = way.knob.file
+    else:
+        workerinput[_ROOM_KEY] = str(way)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _room in config.stash:
-        config.stash[_room].close()
-    if _room_dir in config.stash:
-        shutil.rmtree(config.stash[_room_dir], ignore_errors=True)
+    guard = config.stash.get(_guard, None)
+    if isinstance(guard, Room):
+        guard.close()
+    way = config.stash.get(_quiet_way, None)
+    if isinstance(way, CpuPriority):
+        way.remove()
+    elif isinstance(way, Path):
+        shutil.rmtree(way, ignore_errors=True)
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -119,17 +164,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item,
                             nextitem: pytest.Item | None) -> Generator[None, object, object]:
-    """Hold the room around the test's setup, call and teardown: alone for a quiet test, and kept
-    while the next test is quiet too."""
-    room = item.config.stash.get(_room, None)
-    if room is None:
+    """Around the test's setup, call and teardown: the quiet CPU for a quiet test, kept while the next
+    test is quiet too."""
+    guard = item.config.stash.get(_guard, None)
+    if guard is None:
         return (yield)
-    room.enter(alone=item.get_closest_marker(QUIET) is not None)
+    quiet = item.get_closest_marker(QUIET) is not None
+    guard.before(quiet)
     try:
         return (yield)
     finally:
-        if not (room.alone and nextitem is not None and nextitem.get_closest_marker(QUIET) is not None):
-            room.leave()
+        guard.after(quiet, nextitem is not None and nextitem.get_closest_marker(QUIET) is not None)
 
 
 # ------------------------------------------------------------------------------- measured figures
@@ -152,7 +197,11 @@ def pytest_testnodedown(node: object, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The figures the rate runs measured (tests/integration/quota_runs.py), after the results."""
+    """How quiet tests got their CPU, and the figures the rate runs measured
+    (tests/integration/quota_runs.py), after the results."""
+    line = _quiet_line(terminalreporter.config)
+    if line:
+        terminalreporter.write_line(line)
     figures = _collected_figures or _figures()
     if figures:
         terminalreporter.section("figures measured by the rate runs")

@@ -1,26 +1,153 @@
-"""A room that tests share and that a test needing a quiet CPU takes alone, across pytest-xdist workers.
+"""A quiet CPU for the tests that need one, across pytest-xdist workers.
 
 Why: the suite runs in parallel workers, each with its own cluster. Most tests wait on Kafka's quota
 windows and do not mind a neighbour. A few measure something that a busy CPU moves: rate accuracy
-against Kafka's formula, latencies, CPU seconds. Those are marked ``quiet``, and each worker holds
-this room around every test it runs: shared for an ordinary test, exclusive for a quiet one.
+against Kafka's formula, latencies, CPU seconds. Those are marked ``quiet``. They all run on one
+worker, one after another (one xdist group), and get the CPU in one of two ways:
 
-Two ``flock`` files make a readers-writer lock that favours the writer: everyone passes through the
-gate to enter, and a quiet test keeps the gate while it waits for the room to empty, so new ordinary
-tests queue behind it instead of starving it. A worker that runs quiet tests back to back keeps the
-room between them. The kernel drops a dead worker's locks, so a crash never wedges the run.
+- ``CpuPriority`` (where the run may make cgroups: as root, with the cpu controller): each worker and
+  everything it starts (its brokers, proxies, clients) sits in a cgroup of its own. While a quiet test
+  runs, its worker's group gets the largest CPU weight the kernel allows, so the kernel gives it all
+  the CPU it asks for; the other workers go on in what it leaves. Their tests mostly wait anyway.
+- ``Room`` otherwise: the quiet test runs with no other test beside it. Two ``flock`` files make a
+  readers-writer lock that favours the writer: everyone passes through the gate to enter, and a
+  quiet test keeps the gate while it waits for the room to empty, so new ordinary tests queue behind
+  it instead of starving it. The kernel drops a dead worker's locks, so a crash never wedges the run.
+  This costs the quiet tests' whole length in wall time, which the first way does not.
+
+A worker that runs quiet tests back to back keeps its priority (or the room) between them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 #: The marker's name, registered in pyproject.toml.
 MARKER = "quiet"
+
+
+class Guard(Protocol):
+    """What a worker does around each test: ``CpuPriority`` or ``Room``."""
+
+    def before(self, quiet: bool) -> None: ...
+
+    def after(self, quiet: bool, next_quiet: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Knob:
+    """One cgroup version's CPU weight: the file, the kernel's default and its maximum."""
+
+    file: str
+    normal: str
+    highest: str
+
+
+_V1 = _Knob("cpu.shares", "1024", "262144")
+_V2 = _Knob("cpu.weight", "100", "10000")
+KNOBS = {knob.file: knob for knob in (_V1, _V2)}
+_RUN_PREFIX = "kthrottle-tests-"
+
+
+def _cpu_cgroup() -> tuple[Path, _Knob] | None:
+    """This process's cgroup directory under the cpu controller, and its weight knob, if any."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        memberships = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if " - " not in line:
+            continue
+        mount_point = fields[4]
+        fstype, _source, options = line.split(" - ", 1)[1].split()[:3]
+        if fstype == "cgroup" and "cpu" in options.split(","):
+            for member in memberships:
+                _id, controllers, path = member.split(":", 2)
+                if "cpu" in controllers.split(","):
+                    return Path(mount_point + path), _V1
+        if fstype == "cgroup2":
+            for member in memberships:
+                if member.startswith("0::"):
+                    here = Path(mount_point + member[3:])
+                    controllers = (here / "cgroup.controllers")
+                    if controllers.is_file() and "cpu" in controllers.read_text().split():
+                        return here, _V2
+    return None
+
+
+class CpuPriority:
+    """The run's cgroup with one child per worker (made by the xdist controller, joined by workers)."""
+
+    def __init__(self, run_group: Path, knob: _Knob) -> None:
+        self.run_group = run_group
+        self.knob = knob
+        self._mine: Path | None = None
+        self.raised = False
+
+    @classmethod
+    def create(cls) -> CpuPriority:
+        """The controller makes the run's group; raises OSError (or RuntimeError) naming why it can't."""
+        found = _cpu_cgroup()
+        if found is None:
+            raise RuntimeError("no cgroup cpu controller in /proc/self/mountinfo")
+        parent, knob = found
+        for stale in parent.glob(f"{_RUN_PREFIX}*"):  # left by a run that was killed: empty by now
+            _remove(stale)
+        run_group = Path(tempfile.mkdtemp(prefix=_RUN_PREFIX, dir=parent))
+        try:
+            if knob is _V2:
+                if "cpu" not in (run_group / "cgroup.controllers").read_text().split():
+                    (parent / "cgroup.subtree_control").write_text("+cpu")
+                (run_group / "cgroup.subtree_control").write_text("+cpu")
+            if not (run_group / knob.file).is_file() and knob is _V1:
+                raise RuntimeError(f"{run_group} has no {knob.file}")
+        except BaseException:
+            _remove(run_group)
+            raise
+        return cls(run_group, knob)
+
+    def join(self, worker: str) -> None:
+        """Move this worker into a group of its own; what it starts from now on is born there."""
+        mine = self.run_group / worker
+        mine.mkdir(exist_ok=True)
+        (mine / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        (mine / self.knob.file).write_text(self.knob.normal)
+        self._mine = mine
+
+    def raise_to(self, highest: bool) -> None:
+        if self._mine is None or self.raised == highest:
+            return
+        (self._mine / self.knob.file).write_text(self.knob.highest if highest else self.knob.normal)
+        self.raised = highest
+
+    def before(self, quiet: bool) -> None:
+        """Around each test (``Guard``): the highest weight for a quiet test."""
+        self.raise_to(quiet)
+
+    def after(self, quiet: bool, next_quiet: bool) -> None:
+        if not next_quiet:
+            self.raise_to(False)
+
+    def remove(self) -> None:
+        _remove(self.run_group)
+
+
+def _remove(group: Path) -> None:
+    """rmdir the group and its children (a cgroup directory is removed with rmdir, bottom up)."""
+    for child in sorted((p for p in group.glob("*/") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            child.rmdir()
+    with contextlib.suppress(OSError):
+        group.rmdir()
 
 
 class Room:
@@ -58,6 +185,14 @@ class Room:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
         self.inside = False
         self.alone = False
+
+    def before(self, quiet: bool) -> None:
+        """Around each test (``Guard``): alone for a quiet test, shared otherwise."""
+        self.enter(alone=quiet)
+
+    def after(self, quiet: bool, next_quiet: bool) -> None:
+        if not (quiet and next_quiet):
+            self.leave()
 
     def close(self) -> None:
         self.leave()

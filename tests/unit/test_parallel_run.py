@@ -14,7 +14,7 @@ import pytest
 
 from harness import ports
 from tests import durations
-from tests.quiet import Room
+from tests.quiet import KNOBS, CpuPriority, Room
 
 _CTX = multiprocessing.get_context("fork")
 
@@ -137,3 +137,37 @@ def test_the_table_is_rebuilt_from_a_junit_report(tmp_path: Path) -> None:
                       '<testcase classname="no.such.module" name="d" time="9"/>'
                       '</testsuite></testsuites>')
     assert durations.from_junit(report) == {"tests/quiet.py": 3.5, "tests/unit/test_parallel_run.py": 0.3}
+
+
+def _join_and_wait(run_group: str, knob: str, joined: multiprocessing.synchronize.Event,
+                   release: multiprocessing.synchronize.Event) -> None:
+    CpuPriority(Path(run_group), KNOBS[knob]).join("gw7")
+    joined.set()
+    release.wait(30)
+
+
+def test_a_worker_joins_its_own_cgroup_and_its_weight_is_raised_and_lowered() -> None:
+    """Needs root and the cpu controller, as `make test` has here (else the run falls back to the room)."""
+    priority = CpuPriority.create()
+    joined, release = _CTX.Event(), _CTX.Event()
+    worker = _CTX.Process(target=_join_and_wait,
+                          args=(str(priority.run_group), priority.knob.file, joined, release))
+    worker.start()
+    try:
+        assert joined.wait(10)
+        group = priority.run_group / "gw7"
+        assert str(worker.pid) in (group / "cgroup.procs").read_text().split()
+        child = CpuPriority(priority.run_group, priority.knob)
+        child._mine = group  # the same group, seen from this process
+        assert (group / priority.knob.file).read_text().strip() == priority.knob.normal
+        child.before(quiet=True)
+        assert (group / priority.knob.file).read_text().strip() == priority.knob.highest
+        child.after(quiet=True, next_quiet=True)  # the next test is quiet too: kept
+        assert (group / priority.knob.file).read_text().strip() == priority.knob.highest
+        child.after(quiet=True, next_quiet=False)
+        assert (group / priority.knob.file).read_text().strip() == priority.knob.normal
+    finally:
+        release.set()
+        worker.join(10)
+        priority.remove()
+    assert not priority.run_group.exists()
