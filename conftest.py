@@ -28,7 +28,7 @@ import pytest
 from harness.local_kafka import TEST_HEAP_MB, LocalKafka
 from harness.ports import PORTS_ENV, port_range, worker_slice
 from tests.durations import group_costs
-from tests.quiet import KNOBS, CpuPriority, Guard, Room
+from tests.quiet import KNOBS, CpuPriority, Guard, Need, Room
 from tests.quiet import MARKER as QUIET
 
 _ROOT = Path(__file__).resolve().parent
@@ -169,12 +169,16 @@ def pytest_runtest_protocol(item: pytest.Item,
     guard = item.config.stash.get(_guard, None)
     if guard is None:
         return (yield)
-    quiet = item.get_closest_marker(QUIET) is not None
-    guard.before(quiet)
+    need = _need(item)
+    guard.before(need)
     try:
         return (yield)
     finally:
-        guard.after(quiet, nextitem is not None and nextitem.get_closest_marker(QUIET) is not None)
+        guard.after(need, Need.ORDINARY if nextitem is None else _need(nextitem))
+
+
+def _need(item: pytest.Item) -> Need:
+    return Need.of({mark.name for mark in item.iter_markers()})
 
 
 # ------------------------------------------------------------------------------- measured figures

@@ -25,6 +25,9 @@ from tests.integration.proxies import QuotaProxy
 from .kafka import Header, Record, create_topic, produce, read_all
 from .spark import await_stop, batches, kafka_options, steady_rate, triggered_rate
 
+#: Spark must be able to write and read faster than the quotas it is held to.
+pytestmark = pytest.mark.cpu_sensitive
+
 VALUE = 10_000  # bytes per record value: rates in rows are rates in bytes
 PARTITIONS = 6
 BURST_S = 3.0  # left out of rate measurements: a new client may burst (num - 1) windows = 2 s of quota

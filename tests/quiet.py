@@ -25,33 +25,61 @@ import fcntl
 import os
 import tempfile
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
 
-#: The marker's name, registered in pyproject.toml.
+#: The markers' names, registered in pyproject.toml.
 MARKER = "quiet"
+SENSITIVE_MARKER = "cpu_sensitive"
+
+
+class Need(IntEnum):
+    """What a test needs of the CPU, from its markers."""
+
+    ORDINARY = 0
+    #: Its figure moves when the CPU is short (a rate a client must reach, a terminal that must
+    #: redraw in time), but it may share the machine: its worker's weight is raised while it runs,
+    #: and it stays in its module's group.
+    SENSITIVE = 1
+    #: Its figure needs a quiet CPU: the quiet group, one at a time, at the highest weight.
+    QUIET = 2
+
+    @classmethod
+    def of(cls, marker_names: set[str]) -> Need:
+        if MARKER in marker_names:
+            return cls.QUIET
+        return cls.SENSITIVE if SENSITIVE_MARKER in marker_names else cls.ORDINARY
 
 
 class Guard(Protocol):
     """What a worker does around each test: ``CpuPriority`` or ``Room``."""
 
-    def before(self, quiet: bool) -> None: ...
+    def before(self, need: Need) -> None: ...
 
-    def after(self, quiet: bool, next_quiet: bool) -> None: ...
+    def after(self, need: Need, next_need: Need) -> None: ...
 
 
 @dataclass(frozen=True)
 class _Knob:
-    """One cgroup version's CPU weight: the file, the kernel's default and its maximum."""
+    """One cgroup version's CPU weight: the file and its value for each ``Need`` (the kernel's
+    default, 16 times it, the maximum)."""
 
     file: str
-    normal: str
-    highest: str
+    weights: tuple[str, str, str]
+
+    @property
+    def normal(self) -> str:
+        return self.weights[Need.ORDINARY]
+
+    @property
+    def highest(self) -> str:
+        return self.weights[Need.QUIET]
 
 
-_V1 = _Knob("cpu.shares", "1024", "262144")
-_V2 = _Knob("cpu.weight", "100", "10000")
+_V1 = _Knob("cpu.shares", ("1024", "16384", "262144"))
+_V2 = _Knob("cpu.weight", ("100", "1600", "10000"))
 KNOBS = {knob.file: knob for knob in (_V1, _V2)}
 _RUN_PREFIX = "kthrottle-tests-"
 
@@ -91,7 +119,7 @@ class CpuPriority:
         self.run_group = run_group
         self.knob = knob
         self._mine: Path | None = None
-        self.raised = False
+        self.need = Need.ORDINARY
 
     @classmethod
     def create(cls) -> CpuPriority:
@@ -123,19 +151,20 @@ class CpuPriority:
         (mine / self.knob.file).write_text(self.knob.normal)
         self._mine = mine
 
-    def raise_to(self, highest: bool) -> None:
-        if self._mine is None or self.raised == highest:
+    def set_need(self, need: Need) -> None:
+        if self._mine is None or self.need == need:
             return
-        (self._mine / self.knob.file).write_text(self.knob.highest if highest else self.knob.normal)
-        self.raised = highest
+        (self._mine / self.knob.file).write_text(self.knob.weights[need])
+        self.need = need
 
-    def before(self, quiet: bool) -> None:
-        """Around each test (``Guard``): the highest weight for a quiet test."""
-        self.raise_to(quiet)
+    def before(self, need: Need) -> None:
+        """Around each test (``Guard``): the weight its need asks for."""
+        self.set_need(need)
 
-    def after(self, quiet: bool, next_quiet: bool) -> None:
-        if not next_quiet:
-            self.raise_to(False)
+    def after(self, need: Need, next_need: Need) -> None:
+        """Down to what the next test needs, if less (the same weight is kept between them)."""
+        if next_need < need:
+            self.set_need(next_need)
 
     def remove(self) -> None:
         _remove(self.run_group)
@@ -186,12 +215,12 @@ class Room:
         self.inside = False
         self.alone = False
 
-    def before(self, quiet: bool) -> None:
+    def before(self, need: Need) -> None:
         """Around each test (``Guard``): alone for a quiet test, shared otherwise."""
-        self.enter(alone=quiet)
+        self.enter(alone=need is Need.QUIET)
 
-    def after(self, quiet: bool, next_quiet: bool) -> None:
-        if not (quiet and next_quiet):
+    def after(self, need: Need, next_need: Need) -> None:
+        if not (need is next_need is Need.QUIET):
             self.leave()
 
     def close(self) -> None:

@@ -172,6 +172,7 @@ def fleet_config(udp_port: int, peer: int, secret: Path, quotas: str) -> str:
             f'secret_file = "{secret}"\npeers = ["127.0.0.1:{peer}"]\n\n{quotas}')
 
 
+@pytest.mark.cpu_sensitive  # the storms must reach the proxies at full speed
 def test_one_ip_quota_over_a_fleet_and_workers(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     """Two proxies in a static fleet, both with ip 127.0.0.9 = 20/s: one address storming both at once is
     served 20/s in total over RUN_S (0.85-1.10x); then one proxy with --workers 2, one storm: the same."""

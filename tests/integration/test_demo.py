@@ -15,6 +15,7 @@ from harness.local_kafka import LocalKafka
 
 from .clients import wait_until
 from .proxies import REPO, RunningProxy, free_port_block
+from .quota_runs import report
 
 #: The demo's CPU bound.
 pytestmark = pytest.mark.quiet
@@ -61,8 +62,8 @@ def test_the_demo_is_throttled_and_costs_next_to_nothing(kafka_cluster: LocalKaf
     cores = (cpu_after - cpu_before) / (ended - began)
     throttles = after[("kthrottle_throttles_total", DEMO)] - before[("kthrottle_throttles_total", DEMO)]
     produced = (produced_bytes(after) - produced_bytes(before)) / (ended - began)
-    print(f"\nproxy process with the demo: {cores:.3f} core over {ended - began:.1f} s; "
-          f"{throttles:.0f} throttled responses, {produced:.0f} produce request bytes/s")
+    report(f"proxy process with the demo: {cores:.3f} core over {ended - began:.1f} s; "
+           f"{throttles:.0f} throttled responses, {produced:.0f} produce request bytes/s")
     assert cores < MAX_CORES, f"the proxy process used {cores:.2f} core with the demo running"
     assert throttles > 0, "the demo was not throttled while measured"
     assert 0.5 * DEMO_QUOTA < produced < 2 * DEMO_QUOTA, produced

@@ -20,6 +20,9 @@ from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, consume_for, produce_for, report
 from tests.integration.test_quotas import _end_offsets, _fill, _topic
 
+#: Rates over 5-second spans against Kafka's formula.
+pytestmark = pytest.mark.quiet
+
 QUOTA = 1_500_000  # bytes per second, the producer_byte_rate
 RUN_S = 25
 SPAN_S = 5

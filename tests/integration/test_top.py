@@ -33,6 +33,9 @@ from .clients import PARTITIONS, topic_name, wait_until
 from .conftest import QUOTA_SETTINGS
 from .proxies import REPO, QuotaProxy, free_port_block
 
+#: The screen must redraw within its waits.
+pytestmark = pytest.mark.cpu_sensitive
+
 HEAVY, LIGHT = "ingest-b", "ingest-a"  # rate order is b, a; name order is a, b
 HEAVY_QUOTA = 1_000_000
 LIGHT_QUOTA = 10_000_000

@@ -14,7 +14,7 @@ import pytest
 
 from harness import ports
 from tests import durations
-from tests.quiet import KNOBS, CpuPriority, Room
+from tests.quiet import KNOBS, CpuPriority, Need, Room
 
 _CTX = multiprocessing.get_context("fork")
 
@@ -45,6 +45,12 @@ def test_ordinary_tests_share_the_room(tmp_path: Path) -> None:
     with Room(tmp_path) as room:
         room.enter(alone=False)
         assert _enter_within(tmp_path, alone=False, seconds=5)
+
+
+def test_needs_come_from_the_markers() -> None:
+    assert Need.of({"integration"}) is Need.ORDINARY
+    assert Need.of({"cpu_sensitive", "integration"}) is Need.SENSITIVE
+    assert Need.of({"quiet", "cpu_sensitive"}) is Need.QUIET
 
 
 def test_a_quiet_test_waits_for_the_room_to_empty_and_then_has_it_alone(tmp_path: Path) -> None:
@@ -160,11 +166,14 @@ def test_a_worker_joins_its_own_cgroup_and_its_weight_is_raised_and_lowered() ->
         child = CpuPriority(priority.run_group, priority.knob)
         child._mine = group  # the same group, seen from this process
         assert (group / priority.knob.file).read_text().strip() == priority.knob.normal
-        child.before(quiet=True)
+        child.before(Need.QUIET)
         assert (group / priority.knob.file).read_text().strip() == priority.knob.highest
-        child.after(quiet=True, next_quiet=True)  # the next test is quiet too: kept
+        child.after(Need.QUIET, Need.QUIET)  # the next test is quiet too: kept
         assert (group / priority.knob.file).read_text().strip() == priority.knob.highest
-        child.after(quiet=True, next_quiet=False)
+        child.after(Need.QUIET, Need.SENSITIVE)
+        weight = int((group / priority.knob.file).read_text())
+        assert int(priority.knob.normal) < weight < int(priority.knob.highest)
+        child.after(Need.SENSITIVE, Need.ORDINARY)
         assert (group / priority.knob.file).read_text().strip() == priority.knob.normal
     finally:
         release.set()
