@@ -24,6 +24,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from harness.local_kafka import TEST_HEAP_MB, LocalKafka
 from harness.ports import PORTS_ENV, port_range, worker_slice
@@ -39,6 +40,11 @@ _ROOM_KEY = "kthrottle_quiet_room"
 _CGROUP_KEY = "kthrottle_quiet_cgroup"
 _KNOB_KEY = "kthrottle_quiet_knob"
 _collected_figures: list[str] = []
+
+# Hypothesis' default 200 ms deadline per example is a timed assertion, and one that a busy machine
+# trips: speed lives in bench/, so no example has a deadline.
+settings.register_profile("kthrottle", deadline=None)
+settings.load_profile("kthrottle")
 
 
 @pytest.fixture(scope="session")
