@@ -341,12 +341,18 @@ class RunningProducer:
         self._stop = threading.Event()
         # Batches of 16 KB (the Java client's default): librdkafka's 1 MB batches would make one
         # request worth ten seconds of quota, and the delivered rate lumpy at this time scale.
+        # At most 5 requests in flight per connection (the Java client's default; librdkafka allows
+        # a million): when the quota starts to bite, every request already sent waits its turn
+        # behind the throttles, and with hundreds in flight the last waited past librdkafka's 60 s
+        # request timeout, which closes the connection (seen on a busy machine, where the change
+        # took longer to apply than the producer took to fill its pipeline).
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
                 "client.id": client_id,
                 "linger.ms": 5,
                 "batch.size": 16384,
+                "max.in.flight.requests.per.connection": 5,
                 "statistics.interval.ms": 500,
                 "stats_cb": self._stats,
             }
