@@ -406,6 +406,7 @@ class CreateTopicsLoop:
         self._thread.join(120)
 
 
+@pytest.mark.cpu_sensitive  # its CreateTopics loop must offer more than the fleet's mutation quota
 def test_the_same_through_a_lossy_relay(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     """5 % of the datagrams between members dropped and 5 % reordered: 0.85-1.10x. Meanwhile a
     client creating topics round the three members is held to one controller mutation quota
