@@ -52,7 +52,7 @@ def kafka_cluster() -> Iterator[LocalKafka]:
     """One 3-node cluster for the whole session, with every listener the tests use (PLAINTEXT,
     SASL_PLAINTEXT, SSL and SASL_SSL, the certificates generated at start); a start failure errors
     loudly, never skips. Its heap is TEST_HEAP_MB, below the embedded default: the tests' topics are few."""
-    cluster = LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB)
+    cluster = LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB, light_jit=True)
     try:
         cluster.start()
     except RuntimeError as exc:

@@ -67,6 +67,11 @@ DEFAULT_HEAP_MB = 1024
 #: The test suite's own cluster (conftest.py) and the tests' extra clusters: tens of topics, and
 #: 3 x 384 MiB leaves room for the JVM tools, Spark and the proxies the tests start beside it.
 TEST_HEAP_MB = 384
+#: The JIT of the test clusters' brokers (``LocalKafka(light_jit=True)``): C1 only. Measured on the 2-core
+#: machine, a 3-node cluster reaches ready on 7.6 CPU-s instead of 13.7 and idles at 0.08 of a core
+#: instead of 0.13; a parallel run keeps three such clusters up for its whole length. The tests' brokers
+#: move a few MB/s, far below where C2's faster code pays; `make run` and the benchmarks keep C2.
+LIGHT_JIT_FLAGS = ("-XX:TieredStopAtLevel=1",)
 
 _START_ATTEMPTS = 2
 _CDS_DUMP_WAIT_S = 60.0
@@ -138,7 +143,8 @@ class LocalKafka:
     ``workdir``: keep configs, data and logs there after ``stop`` (for debugging); each ``start`` wipes the
     ``node-*`` directories in it and formats a new cluster. Without it a temporary directory is used and
     deleted. ``heap_mb`` is the heap of each broker JVM (``DEFAULT_HEAP_MB``, 1 GiB, unless given; the
-    test suite gives ``TEST_HEAP_MB``).
+    test suite gives ``TEST_HEAP_MB``); ``light_jit`` compiles with C1 only (``LIGHT_JIT_FLAGS``: less
+    CPU to start and to idle, lower peak throughput), for clusters that only tests use.
 
     ``telemetry`` loads the harness's client-telemetry recorder (``harness.telemetry``) into every broker,
     so they offer KIP-714's GetTelemetrySubscriptions and PushTelemetry and record each push they receive
@@ -153,6 +159,7 @@ class LocalKafka:
         heap_mb: int = DEFAULT_HEAP_MB,
         tls: bool = False,
         telemetry: bool = False,
+        light_jit: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
@@ -161,6 +168,7 @@ class LocalKafka:
         self.tls = tls
         self.telemetry = telemetry
         self.heap_mb = heap_mb
+        self.jit_flags: tuple[str, ...] = LIGHT_JIT_FLAGS if light_jit else ()
         self._given_workdir = workdir
         self.workdir: Path | None = None
         self.cluster_id = _new_cluster_id()
@@ -443,7 +451,7 @@ class LocalKafka:
         cmd = [
             java,
             f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m",
-            "-XX:+UseSerialGC", "-XX:CICompilerCount=2", "-XX:+ExitOnOutOfMemoryError",
+            "-XX:+UseSerialGC", "-XX:CICompilerCount=2", *self.jit_flags, "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true", *cds_flags,
             f"-Dlog4j2.configurationFile={log4j}",
             f"-Dkafka.logs.dir={self._node_dir(node)}",

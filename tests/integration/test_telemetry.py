@@ -58,7 +58,7 @@ REQUEST_THROTTLE_CAP_MS = 1000
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalKafka]:
     """One broker with the telemetry recorder and PLAINTEXT and SASL_PLAINTEXT listeners, subscribed."""
-    with LocalKafka(brokers=1, sasl=True, telemetry=True, heap_mb=TEST_HEAP_MB) as running:
+    with LocalKafka(brokers=1, sasl=True, telemetry=True, heap_mb=TEST_HEAP_MB, light_jit=True) as running:
         running.subscribe_client_metrics("every-metric", interval_ms=telemetry.PUSH_INTERVAL_MS)
         yield running
 

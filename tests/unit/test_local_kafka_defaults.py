@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.local_kafka import DEFAULT_HEAP_MB, TEST_HEAP_MB, LocalKafka
+from harness.local_kafka import DEFAULT_HEAP_MB, LIGHT_JIT_FLAGS, TEST_HEAP_MB, LocalKafka
 from harness.local_kafka_cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,4 +23,11 @@ def test_brokers_get_kafkas_own_1_gib_heap_by_default() -> None:
 def test_the_test_suites_cluster_keeps_its_smaller_heap() -> None:
     assert TEST_HEAP_MB < DEFAULT_HEAP_MB
     session_cluster = (REPO / "conftest.py").read_text()
-    assert "LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB)" in session_cluster
+    expected = "LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB, light_jit=True)"
+    assert expected in session_cluster
+
+
+def test_only_test_clusters_give_up_c2() -> None:
+    """`make run` and the benchmarks keep the full JIT; the tests' clusters ask for C1 only."""
+    assert LocalKafka().jit_flags == ()
+    assert LocalKafka(light_jit=True).jit_flags == LIGHT_JIT_FLAGS == ("-XX:TieredStopAtLevel=1",)
