@@ -10,16 +10,14 @@ parallel run needs lives here too:
   `quiet` for those marked so), so a module's fixtures are set up on one worker only;
 - groups are handed out longest first (`tests/durations.json`), so no long module starts last;
 - a test marked `quiet` gets the CPU it asks for: its worker's CPU weight is raised, or, where the
-  run can't make a cgroup, no other test runs beside it (`tests/quiet.py`);
+  run can't make a cgroup, no other test runs beside it (`tests/quiet/`);
 - the figures that workers measured are printed once, by the controller, after the results.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -29,16 +27,13 @@ from hypothesis import settings
 from harness.local_kafka import TEST_HEAP_MB, LocalKafka
 from harness.ports import PORTS_ENV, port_range, worker_slice
 from tests.durations import group_costs
-from tests.quiet import KNOBS, CpuPriority, Guard, Need, Room
 from tests.quiet import MARKER as QUIET
+from tests.quiet import Guard, Need, Way, choose_way, guard_for
 
 _ROOT = Path(__file__).resolve().parent
 _UNIT = _ROOT / "tests" / "unit"
 _SPARK = _ROOT / "spark_tests"
 _FIGURES_KEY = "kthrottle_figures"
-_ROOM_KEY = "kthrottle_quiet_room"
-_CGROUP_KEY = "kthrottle_quiet_cgroup"
-_KNOB_KEY = "kthrottle_quiet_knob"
 _collected_figures: list[str] = []
 
 # Hypothesis' default 200 ms deadline per example is a timed assertion, and one that a busy machine
@@ -76,76 +71,41 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = _worker_input(config)
     if worker is None:
         if getattr(config.option, "dist", "no") != "no":  # the xdist controller
-            _choose_quiet(config)
+            config.stash[_way] = choose_way()
         return
     index = int(str(worker["workerid"]).removeprefix("gw"))
     count = int(str(worker["workercount"]))
     low, high = worker_slice(index % count, count, port_range())
     os.environ[PORTS_ENV] = f"{low}-{high}"  # for this worker and everything it starts
-    if _CGROUP_KEY in worker:
-        priority = CpuPriority(Path(str(worker[_CGROUP_KEY])), KNOBS[str(worker[_KNOB_KEY])])
-        try:
-            priority.join(str(worker["workerid"]))
-        except OSError as exc:
-            raise pytest.UsageError(f"worker {worker['workerid']} cannot join the cgroup "
-                                    f"{priority.run_group}: {exc}") from exc
-        config.stash[_guard] = priority
-    else:
-        config.stash[_guard] = Room(Path(str(worker[_ROOM_KEY])))
-
-
-_quiet_way = pytest.StashKey[CpuPriority | Path]()
-_guard = pytest.StashKey[Guard]()
-
-
-def _choose_quiet(config: pytest.Config) -> None:
-    """CPU priority through a cgroup where the run may make one; else the room (quiet tests alone)."""
     try:
-        config.stash[_quiet_way] = CpuPriority.create()
-    except (OSError, RuntimeError) as exc:
-        config.stash[_quiet_way] = Path(tempfile.mkdtemp(prefix="kthrottle-room-"))
-        config.stash[_why_no_cgroup] = str(exc)
+        config.stash[_guard] = guard_for(worker, str(worker["workerid"]))
+    except OSError as exc:
+        raise pytest.UsageError(f"worker {worker['workerid']} cannot take its part in giving quiet "
+                                f"tests their CPU: {exc}") from exc
 
 
-_why_no_cgroup = pytest.StashKey[str]()
-
-
-def _quiet_line(config: pytest.Config) -> str | None:
-    way = config.stash.get(_quiet_way, None)
-    if isinstance(way, CpuPriority):
-        return f"quiet tests ran beside the others, their worker's CPU weight raised ({way.run_group})"
-    if isinstance(way, Path):
-        return (f"quiet tests ran alone, the other workers waiting (no cgroup: "
-                f"{config.stash.get(_why_no_cgroup, '?')})")
-    return None
+_way = pytest.StashKey[Way]()
+_guard = pytest.StashKey[Guard]()
 
 
 def pytest_configure_node(node: object) -> None:
     """xdist (controller): tell each worker how quiet tests get their CPU."""
     config: pytest.Config = node.config  # type: ignore[attr-defined]
-    workerinput: dict[str, object] = node.workerinput  # type: ignore[attr-defined]
-    way = config.stash[_quiet_way]
-    if isinstance(way, CpuPriority):
-        workerinput[_CGROUP_KEY] = str(way.run_group)
-        workerinput[_KNOB_KEY] = way.knob.file
-    else:
-        workerinput[_ROOM_KEY] = str(way)
+    node.workerinput.update(config.stash[_way].worker_input())  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     guard = config.stash.get(_guard, None)
-    if isinstance(guard, Room):
+    if guard is not None:
         guard.close()
-    way = config.stash.get(_quiet_way, None)
-    if isinstance(way, CpuPriority):
+    way = config.stash.get(_way, None)
+    if way is not None:
         way.remove()
-    elif isinstance(way, Path):
-        shutil.rmtree(way, ignore_errors=True)
 
 
 def _group(item: pytest.Item) -> str | None:
     path = item.path.resolve()
-    if item.get_closest_marker(QUIET) is not None:
+    if _need(item) >= Need.QUIET:
         return QUIET
     if _UNIT in path.parents:
         return None  # pure and fast: spread one test at a time, they fill the run's tail
@@ -164,7 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cost = group_costs((groups[id(item)], item.path.resolve().relative_to(_ROOT).as_posix())
                        for item in items)
     order = {id(item): index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (-cost[groups[id(item)]], order[id(item)]))
+    # in the quiet group, a test that must be alone goes first: the other workers are only starting
+    items.sort(key=lambda item: (-cost[groups[id(item)]], _need(item) is not Need.ALONE, order[id(item)]))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -209,9 +170,9 @@ def pytest_testnodedown(node: object, error: object) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How quiet tests got their CPU, and the figures the rate runs measured
     (tests/integration/quota_runs.py), after the results."""
-    line = _quiet_line(terminalreporter.config)
-    if line:
-        terminalreporter.write_line(line)
+    way = terminalreporter.config.stash.get(_way, None)
+    if way is not None:
+        terminalreporter.write_line(way.describe())
     figures = _collected_figures or _figures()
     if figures:
         terminalreporter.section("figures measured by the rate runs")

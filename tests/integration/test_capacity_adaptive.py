@@ -119,6 +119,7 @@ def _settle(bootstrap: str, topic: str, quiet_p99: float) -> float:
     return p99
 
 
+@pytest.mark.alone  # its figures are latencies: nothing else runs beside it (tests/quiet/)
 def test_gold_latency_under_overload_adaptive_off_and_on(kafka_cluster: LocalKafka, topic: str,
                                                          tmp_path: Path) -> None:
     off_dir, on_dir = tmp_path / "off", tmp_path / "on"

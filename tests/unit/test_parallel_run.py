@@ -1,4 +1,4 @@
-"""The parallel run's plumbing: the quiet room (tests/quiet.py), the port slices (harness/ports.py) and
+"""The parallel run's plumbing: the quiet CPU (tests/quiet/), the port slices (harness/ports.py) and
 the order of groups (tests/durations.py). Real processes and real sockets, no mocks: each is small."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 
 from harness import ports
 from tests import durations
-from tests.quiet import KNOBS, CpuPriority, Need, Room
+from tests.quiet import CpuPriority, Need, Room, RoomWay, guard_for
+from tests.quiet.cgroups import KNOBS
 
 _CTX = multiprocessing.get_context("fork")
 
@@ -47,10 +48,36 @@ def test_ordinary_tests_share_the_room(tmp_path: Path) -> None:
         assert _enter_within(tmp_path, alone=False, seconds=5)
 
 
+def test_without_cgroups_every_worker_locks_the_controllers_room(tmp_path: Path) -> None:
+    way = RoomWay(tmp_path / "run", why="not root")
+    guard = guard_for(way.worker_input(), "gw0")
+    assert isinstance(guard, Room)
+    guard.before(Need.QUIET)
+    assert not _enter_within(way.directory, alone=False, seconds=0.5)  # the quiet test is alone
+    guard.after(Need.QUIET, Need.ORDINARY)
+    assert _enter_within(way.directory, alone=False, seconds=5)
+    guard.close()
+    assert way.describe().endswith("(no cgroup: not root)")
+    way.remove()
+    assert not way.directory.exists()
+
+
+def test_beside_cgroup_weights_only_a_test_marked_alone_has_the_room_to_itself(tmp_path: Path) -> None:
+    with Room(tmp_path, alone_from=Need.ALONE) as room:
+        room.before(Need.QUIET)  # the weight gives it the CPU: others may still run
+        assert _enter_within(tmp_path, alone=False, seconds=5)
+        room.after(Need.QUIET, Need.ALONE)
+        room.before(Need.ALONE)
+        assert not _enter_within(tmp_path, alone=False, seconds=0.5)
+        room.after(Need.ALONE, Need.QUIET)
+        assert _enter_within(tmp_path, alone=False, seconds=5)
+
+
 def test_needs_come_from_the_markers() -> None:
     assert Need.of({"integration"}) is Need.ORDINARY
     assert Need.of({"cpu_sensitive", "integration"}) is Need.SENSITIVE
     assert Need.of({"quiet", "cpu_sensitive"}) is Need.QUIET
+    assert Need.of({"quiet", "alone"}) is Need.ALONE
 
 
 def test_a_quiet_test_waits_for_the_room_to_empty_and_then_has_it_alone(tmp_path: Path) -> None:
@@ -104,9 +131,12 @@ def test_worker_slices_are_disjoint_and_below_the_ephemeral_range() -> None:
 
 
 def test_ports_come_from_the_slice_and_are_not_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ports.PORTS_ENV, "15000-15040")
+    # a window of this worker's own slice: another worker's ports are not this test's to take
+    _low, high = ports.port_range()
+    low = high - 400
+    monkeypatch.setenv(ports.PORTS_ENV, f"{low}-{high}")
     got = ports.free_ports(10)
-    assert len(set(got)) == 10 and all(15000 <= p < 15040 for p in got)
+    assert len(set(got)) == 10 and all(low <= p < high for p in got)
     block = ports.free_port_block(5)
     assert not set(range(block, block + 5)) & set(got)
     with socket.create_server(("127.0.0.1", got[0])):
@@ -137,17 +167,18 @@ def test_groups_cost_their_modules_and_unit_tests_sort_last(tmp_path: Path,
 def test_the_table_is_rebuilt_from_a_junit_report(tmp_path: Path) -> None:
     report = tmp_path / "run.xml"
     report.write_text('<testsuites><testsuite>'
-                      '<testcase classname="tests.quiet" name="a" time="1.5"/>'
-                      '<testcase classname="tests.quiet" name="b" time="2.0"/>'
+                      '<testcase classname="tests.durations" name="a" time="1.5"/>'
+                      '<testcase classname="tests.durations" name="b" time="2.0"/>'
                       '<testcase classname="tests.unit.test_parallel_run.TestX" name="c" time="0.3"/>'
                       '<testcase classname="no.such.module" name="d" time="9"/>'
                       '</testsuite></testsuites>')
-    assert durations.from_junit(report) == {"tests/quiet.py": 3.5, "tests/unit/test_parallel_run.py": 0.3}
+    assert durations.from_junit(report) == {"tests/durations.py": 3.5,
+                                             "tests/unit/test_parallel_run.py": 0.3}
 
 
 def _join_and_wait(run_group: str, knob: str, joined: multiprocessing.synchronize.Event,
                    release: multiprocessing.synchronize.Event) -> None:
-    CpuPriority(Path(run_group), KNOBS[knob]).join("gw7")
+    CpuPriority.joined(CpuPriority(Path(run_group), KNOBS[knob]).worker_input(), "gw7")
     joined.set()
     release.wait(30)
 
@@ -163,8 +194,7 @@ def test_a_worker_joins_its_own_cgroup_and_its_weight_is_raised_and_lowered() ->
         assert joined.wait(10)
         group = priority.run_group / "gw7"
         assert str(worker.pid) in (group / "cgroup.procs").read_text().split()
-        child = CpuPriority(priority.run_group, priority.knob)
-        child._mine = group  # the same group, seen from this process
+        child = CpuPriority(priority.run_group, priority.knob, mine=group)  # seen from this process
         assert (group / priority.knob.file).read_text().strip() == priority.knob.normal
         child.before(Need.QUIET)
         assert (group / priority.knob.file).read_text().strip() == priority.knob.highest
