@@ -47,7 +47,7 @@ integration: $(STAMP) kafka tools
 # Every test: lint, types, unit and integration tests against a real local cluster. In parallel:
 # TEST_WORKERS pytest-xdist workers, each with its own cluster and ports; the groups and the tests
 # that run alone are conftest.py's (docs/testing.md).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) kafka tools lint typecheck
 	$(VENV)/bin/pytest -q -ra $(PARALLEL) tests/unit tests/integration spark_tests

@@ -42,20 +42,52 @@ settings.register_profile("kthrottle", deadline=None)
 settings.load_profile("kthrottle")
 
 
+def _session_cluster() -> LocalKafka:
+    return LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB, light_jit=True)
+
+
 @pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[LocalKafka]:
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
     """One 3-node cluster for the whole session, with every listener the tests use (PLAINTEXT,
     SASL_PLAINTEXT, SSL and SASL_SSL, the certificates generated at start); a start failure errors
-    loudly, never skips. Its heap is TEST_HEAP_MB, below the embedded default: the tests' topics are few."""
-    cluster = LocalKafka(brokers=3, sasl=True, tls=True, heap_mb=TEST_HEAP_MB, light_jit=True)
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        pytest.fail(f"the local Kafka cluster did not start: {exc}", pytrace=False)
+    loudly, never skips. Its heap is TEST_HEAP_MB, below the embedded default: the tests' topics are
+    few. An xdist worker has usually started it already (``pytest_collection_finish``)."""
+    stash = request.config.stash
+    if _early_failure in stash:
+        pytest.fail(f"the local Kafka cluster did not start: {stash[_early_failure]}", pytrace=False)
+    cluster = stash.get(_early_cluster, None)
+    if cluster is None:
+        cluster = _session_cluster()
+        try:
+            cluster.start()
+        except RuntimeError as exc:
+            pytest.fail(f"the local Kafka cluster did not start: {exc}", pytrace=False)
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+_early_cluster = pytest.StashKey[LocalKafka]()
+_early_failure = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An xdist worker starts its cluster once it has collected, before its first test: the workers'
+    starts overlap at the beginning, while no test runs, instead of landing beside a test that must
+    run alone (the controller hands out tests once every worker has collected)."""
+    if _worker_input(session.config) is None:
+        return
+    if not any("kafka_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    cluster = _session_cluster()
+    try:
+        cluster.start()
+    except RuntimeError as exc:  # the fixture fails every test that needs it, with this reason
+        session.config.stash[_early_failure] = str(exc)
+        return
+    session.config.stash[_early_cluster] = cluster
 
 
 # ------------------------------------------------------------------------------- the parallel run
@@ -95,6 +127,9 @@ def pytest_configure_node(node: object) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    early = config.stash.get(_early_cluster, None)
+    if early is not None:
+        early.stop()  # a no-op when the session fixture used and stopped it
     guard = config.stash.get(_guard, None)
     if guard is not None:
         guard.close()
