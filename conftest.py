@@ -79,6 +79,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     run alone (the controller hands out tests once every worker has collected)."""
     if _worker_input(session.config) is None:
         return
+    guard = session.config.stash.get(_guard, None)
+    if guard is not None:
+        guard.collected(frozenset(_need(item) for item in session.items))
     if not any("kafka_cluster" in getattr(item, "fixturenames", ()) for item in session.items):
         return
     cluster = _session_cluster()

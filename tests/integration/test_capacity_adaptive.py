@@ -150,6 +150,7 @@ def test_gold_latency_under_overload_adaptive_off_and_on(kafka_cluster: LocalKaf
     assert gold_throttles == 0, log[-3000:]  # the high share keeps gold's whole demand
 
 
+@pytest.mark.alone  # the factor follows broker latency, which any neighbour moves (tests/quiet/)
 def test_a_broker_slowed_by_sigstop_lowers_the_factor_and_it_recovers(
         kafka_cluster: LocalKafka, topic: str, tmp_path: Path) -> None:
     # one replica per partition: only broker 2's own partitions wait for it, so the signal

@@ -54,6 +54,10 @@ class _Both:
     def __init__(self, *guards: Guard) -> None:
         self.guards = guards
 
+    def collected(self, needs: frozenset[Need]) -> None:
+        for guard in self.guards:
+            guard.collected(needs)
+
     def before(self, need: Need) -> None:
         for guard in self.guards:
             guard.before(need)

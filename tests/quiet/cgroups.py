@@ -133,6 +133,9 @@ class CpuPriority:
         (self.mine / self.knob.file).write_text(self.knob.weights[need])
         self.need = need
 
+    def collected(self, needs: frozenset[Need]) -> None:
+        """Nothing to prepare: weights are set test by test."""
+
     def before(self, need: Need) -> None:
         """Around each test (``Guard``): the weight its need asks for."""
         self.set_need(need)

@@ -37,6 +37,9 @@ class Need(IntEnum):
 class Guard(Protocol):
     """What a worker does around each test."""
 
+    def collected(self, needs: frozenset[Need]) -> None:
+        """What the run's tests need, once they are collected (before the first test)."""
+
     def before(self, need: Need) -> None: ...
 
     def after(self, need: Need, next_need: Need) -> None: ...

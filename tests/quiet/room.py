@@ -11,11 +11,16 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from tests.quiet.need import Need
+
+#: How long other tests wait for the ``alone`` tests to be done before going on regardless.
+ALONE_FIRST_WAIT_S = 300.0
 
 
 class Room:
@@ -27,6 +32,8 @@ class Room:
 
     def __init__(self, directory: Path, alone_from: Need = Need.QUIET) -> None:
         self.alone_from = alone_from
+        self._alone_done = directory / "alone-done"
+        self._waits_for_alone = False
         directory.mkdir(parents=True, exist_ok=True)
         self._gate = os.open(directory / "gate.lock", os.O_RDWR | os.O_CREAT, 0o600)
         self._room = os.open(directory / "room.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -59,13 +66,32 @@ class Room:
         self.inside = False
         self.alone = False
 
+    def collected(self, needs: frozenset[Need]) -> None:
+        """With ``alone`` tests in the run, the other tests wait for them to be done first."""
+        self._waits_for_alone = Need.ALONE in needs
+
     def before(self, need: Need) -> None:
         """Around each test (``Guard``): alone from ``alone_from`` up, shared otherwise."""
+        if self._waits_for_alone and need is not Need.ALONE:
+            self._wait_for_alone_tests()
         self.enter(alone=need >= self.alone_from)
 
     def after(self, need: Need, next_need: Need) -> None:
+        if need is Need.ALONE and next_need is not Need.ALONE:
+            self._alone_done.touch()
+            self._waits_for_alone = False
         if not (need >= self.alone_from and next_need >= self.alone_from):
             self.leave()
+
+    def _wait_for_alone_tests(self) -> None:
+        deadline = time.monotonic() + ALONE_FIRST_WAIT_S
+        while not self._alone_done.exists():
+            if time.monotonic() > deadline:
+                print(f"the tests marked alone were not done within {ALONE_FIRST_WAIT_S:.0f} s "
+                      f"({self._alone_done} is missing): going on", file=sys.stderr)
+                break
+            time.sleep(0.2)
+        self._waits_for_alone = False
 
     def close(self) -> None:
         self.leave()

@@ -7,6 +7,7 @@ import itertools
 import json
 import multiprocessing
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +72,33 @@ def test_beside_cgroup_weights_only_a_test_marked_alone_has_the_room_to_itself(t
         assert not _enter_within(tmp_path, alone=False, seconds=0.5)
         room.after(Need.ALONE, Need.QUIET)
         assert _enter_within(tmp_path, alone=False, seconds=5)
+
+
+def test_other_tests_wait_for_the_alone_tests_to_be_done_first(tmp_path: Path) -> None:
+    alone_worker, other_worker = Room(tmp_path, Need.ALONE), Room(tmp_path, Need.ALONE)
+    for room in (alone_worker, other_worker):
+        room.collected(frozenset({Need.ALONE, Need.QUIET, Need.ORDINARY}))
+    started = threading.Event()
+    other = threading.Thread(target=lambda: (other_worker.before(Need.ORDINARY), started.set()))
+    other.start()
+    try:
+        alone_worker.before(Need.ALONE)  # does not wait for itself
+        assert not started.wait(0.5)  # the ordinary test waits although the room is free to share
+        alone_worker.after(Need.ALONE, Need.ALONE)
+        assert not started.wait(0.3)  # another alone test follows
+        alone_worker.after(Need.ALONE, Need.QUIET)
+        assert started.wait(5)
+    finally:
+        other.join(5)
+        alone_worker.close()
+        other_worker.close()
+
+
+def test_without_alone_tests_nobody_waits(tmp_path: Path) -> None:
+    with Room(tmp_path, Need.ALONE) as room:
+        room.collected(frozenset({Need.QUIET, Need.ORDINARY}))
+        room.before(Need.ORDINARY)  # returns at once
+        assert room.inside
 
 
 def test_needs_come_from_the_markers() -> None:
