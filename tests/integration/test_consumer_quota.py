@@ -38,6 +38,9 @@ BROKERS = 3
 VALUE_BYTES = 10_000  # what `_fill` writes per record
 RDKAFKA_ID, JAVA_ID, DIRECT_ID = "smooth-rdkafka", "smooth-java", "direct-rdkafka"
 
+#: A rate fitted against Kafka's formula: beside three other workers it read 0.96-0.98x, alone 0.999x.
+pytestmark = pytest.mark.quiet
+
 
 @pytest.fixture(scope="module")
 def smooth_proxy(kafka_cluster: LocalKafka,
