@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -51,6 +52,32 @@ class RunResult:
         if fitted is None:
             raise AssertionError(f"too few client statistics between {start_s} s and {end_s} s: {inside}")
         return fitted
+
+    def received_lead(self, rate: float, start_s: float, end_s: float) -> tuple[float, float]:
+        """How far the bytes received ran ahead of and fell behind `rate`, at most, over any span
+        between `start_s` and `end_s`: (ahead, behind) in seconds of `rate`.
+
+        A 5-second rate of a consumer moves by a whole fetch response (up to a second of quota in
+        the smooth shape) as one lands inside or outside it; this reads the bound itself: over
+        every pair of samples t1 < t2, received(t2) - received(t1) - rate * (t2 - t1).
+        """
+        lo, hi = self.started + start_s, self.started + end_s
+        ahead = behind = 0.0
+        lowest = highest = None
+        for at, total in self.received:
+            if not lo <= at <= hi:
+                continue
+            off = total - rate * at  # how far above the quota's line, from a common origin
+            if lowest is not None and highest is not None:
+                ahead, behind = max(ahead, off - lowest), max(behind, highest - off)
+            lowest = off if lowest is None else min(lowest, off)
+            highest = off if highest is None else max(highest, off)
+        return ahead / rate, behind / rate
+
+    def largest_receipt(self) -> int:
+        """The most bytes that came between two statistics samples (100 ms): about one response."""
+        totals = [total for _, total in self.received]
+        return max((b - a for a, b in itertools.pairwise(totals)), default=0)
 
     def received_timeline(self, step_s: float, end_s: float) -> str:
         """The consumer's received kB/s per `step_s` from the start to `end_s`: a failure's shape."""
@@ -139,8 +166,12 @@ def consume_for(bootstrap: str, topic: str, seconds: float, expected: int | None
     result = RunResult(time.monotonic())
 
     def on_stats(text: str) -> None:
-        brokers = json.loads(text).get("brokers", {}).values()
-        result.received.append((time.monotonic(), sum(int(b.get("rxbytes", 0)) for b in brokers)))
+        stats = json.loads(text)
+        brokers = stats.get("brokers", {}).values()
+        # stamped with librdkafka's own clock (CLOCK_MONOTONIC, µs) when it took the figures, not
+        # when the application got round to the callback
+        at = stats["ts"] / 1e6
+        result.received.append((at, sum(int(b.get("rxbytes", 0)) for b in brokers)))
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-quota",
                          "auto.offset.reset": "earliest", "statistics.interval.ms": 100,
