@@ -1,0 +1,259 @@
+"""Quotas in a compacted topic of the upstream cluster, shared by every proxy of a fleet (WIP, issue 26).
+
+Why: Kafka 4 has no ZooKeeper. As Kafka Connect keeps its configuration in a compacted topic of the
+cluster it serves, every member reads this topic from the beginning and follows it; an admin change
+through any member is one signed record (``config.quota_records``), which every member applies when
+it reads it. The topic has one partition, so its order is the one order every member applies.
+
+- ``start`` makes sure the topic exists (created compacted with replication factor min(3, brokers)
+  and ``min.insync.replicas`` 2 where there are 2 or more replicas; an existing topic must be
+  compacted with one partition), reads it to its end, hands the table to ``on_change`` on the
+  caller's thread, then follows it on a thread of its own.
+- ``alter`` validates every change, writes one record per entity with acks=all, and returns once
+  this member has read its own records back, so ``current`` includes them.
+- While the cluster is away, the last table stays in force and ``alter`` fails naming the topic.
+
+Threads: kafka-python's clients are used from one thread each: the consumer by ``start`` and then
+the follower thread, the producer by ``alter`` (serialised by the admin service's lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from quotas.engine import QuotaTable
+from quotas.entity import QuotaEntity
+from quotas.types import QuotaType
+
+from .config_form import check_value, entity_path
+from .quota_records import QuotaLog, Refused, quota_record, record_key
+
+log = logging.getLogger("kthrottle.config.kafka_quotas")
+
+DEFAULT_TOPIC = "__kthrottle_quotas"
+#: How long one poll of the follower thread waits for records.
+POLL_MS = 200
+
+
+class KafkaQuotaError(RuntimeError):
+    """The quota topic could not be made, read or written; the message names the topic and what to do."""
+
+
+class KafkaQuotas:
+    """The quota store of ``[proxy] quota_store = "kafka"`` (``proxy.admin.quota_admin.QuotaStore``)."""
+
+    def __init__(self, client_configs: Mapping[str, Any], secret: bytes, *, topic: str = DEFAULT_TOPIC,
+                 on_change: Callable[[QuotaTable], None], on_refused: Callable[[Refused], None] | None = None,
+                 timeout: float = 10.0) -> None:
+        self._configs = dict(client_configs)
+        self.topic = topic
+        self._mac_key = record_key(secret)
+        self._log = QuotaLog(self._mac_key)
+        self._on_change = on_change
+        self._on_refused = on_refused
+        self._timeout = timeout
+        self._lock = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._delivered: QuotaTable | None = None
+        self.reachable = False
+
+    @property
+    def _where(self) -> str:
+        return f"topic {self.topic} at {','.join(self._configs.get('bootstrap_servers', []))}"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Topic checked or created, read to its end, the table delivered; then followed on a thread."""
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+        from kafka.errors import KafkaError
+
+        try:
+            self._ensure_topic()
+            consumer = KafkaConsumer(**self._configs, group_id=None, enable_auto_commit=False,
+                                     auto_offset_reset="earliest")
+            partition = TopicPartition(self.topic, 0)
+            consumer.assign([partition])
+            consumer.seek_to_beginning(partition)
+            end = consumer.end_offsets([partition], timeout_ms=int(self._timeout * 1000))[partition]
+            self._consumer = consumer
+            self._read_until(end, time.monotonic() + self._timeout)
+            self._producer = KafkaProducer(**self._configs, acks="all", enable_idempotence=True,
+                                           max_in_flight_requests_per_connection=1,
+                                           allow_auto_create_topics=False)
+        except KafkaError as exc:
+            self.stop()
+            raise KafkaQuotaError(self._explain("reading", exc)) from exc
+        self.reachable = True
+        self._deliver()
+        log.info("quotas live in %s: %d entities read up to offset %d", self._where,
+                 len(self._log.entities), self._log.next_offset)
+        self._thread = threading.Thread(target=self._follow, name="kthrottle-quota-topic", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(self._timeout)
+        for client in (self._producer, self._consumer):
+            if client is not None:
+                try:
+                    client.close(timeout=1)
+                except Exception as exc:  # closing at shutdown: nothing left to do with it
+                    log.debug("closing a quota-topic client: %s", exc)
+        self._producer = self._consumer = None
+
+    # ------------------------------------------------------------------ reading
+
+    def current(self) -> QuotaTable:
+        with self._lock:
+            return self._log.table()
+
+    def _read_until(self, end: int, deadline: float) -> None:
+        while self._log.next_offset < end:
+            if time.monotonic() > deadline:
+                raise KafkaQuotaError(f"{self._where}: read to offset {self._log.next_offset} of {end} "
+                                      f"within {self._timeout:.0f} s")
+            self._poll()
+
+    def _poll(self) -> bool:
+        """One poll of the consumer; whether any record was read."""
+        batches = self._consumer.poll(timeout_ms=POLL_MS)
+        read = False
+        for records in batches.values():
+            for record in records:
+                with self._lock:
+                    refused = self._log.apply(record.offset, record.key, record.value, record.headers or [])
+                    self._lock.notify_all()
+                read = True
+                if refused is not None:
+                    log.error("%s: skipped a record: %s", self._where, refused.describe())
+                    if self._on_refused is not None:
+                        self._on_refused(refused)
+        position = self._consumer.position(next(iter(self._consumer.assignment())))
+        with self._lock:  # past records that compaction removed, and past transaction markers
+            if position is not None and position > self._log.next_offset:
+                self._log.next_offset = position
+                self._lock.notify_all()
+        return read
+
+    def _follow(self) -> None:
+        from kafka.errors import KafkaError
+
+        while not self._stopping.is_set():
+            try:
+                if self._poll():
+                    self._deliver()
+                self.reachable = True
+            except KafkaError as exc:
+                if self.reachable:
+                    log.warning("%s unreachable, the last quotas stay in force: %s", self._where, exc)
+                self.reachable = False
+                self._stopping.wait(1.0)
+
+    def _deliver(self) -> None:
+        table = self.current()
+        if table != self._delivered:
+            self._delivered = table
+            self._on_change(table)
+
+    # ------------------------------------------------------------------ writing
+
+    def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
+        """Every change validated first, then one record per entity; returns once read back."""
+        from kafka.errors import KafkaError
+
+        for entity, ops in changes.items():
+            entity_path(entity)
+            for quota_type, value in ops.items():
+                if value is not None:
+                    check_value(entity, quota_type, value)
+        if self._producer is None:
+            raise KafkaQuotaError(f"the quota store on {self._where} is not started")
+        table = self.current()
+        written = -1
+        stored: list[str] = []
+        for entity, ops in changes.items():
+            values = dict(table.get(entity, {}))
+            for quota_type, value in ops.items():
+                if value is None:
+                    values.pop(quota_type, None)
+                else:
+                    values[quota_type] = value
+            record = quota_record(entity, values, self._mac_key, int(time.time() * 1000))
+            try:
+                metadata = self._producer.send(self.topic, key=record.key, value=record.value,
+                                               headers=list(record.headers)).get(timeout=self._timeout)
+            except KafkaError as exc:
+                done = f" (already stored: {'; '.join(stored)})" if stored else ""
+                why = self._explain(f"storing quotas for {entity.describe()}", exc)
+                raise KafkaQuotaError(why + done) from exc
+            written = max(written, metadata.offset)
+            stored.append(entity.describe())
+        deadline = time.monotonic() + self._timeout
+        with self._lock:
+            while self._log.next_offset <= written:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaQuotaError(f"{self._where}: stored up to offset {written}, but not read back "
+                                          f"within {self._timeout:.0f} s")
+                self._lock.wait(left)
+        self._deliver()
+
+    # ------------------------------------------------------------------ the topic
+
+    def _ensure_topic(self) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.admin import ConfigResource, ConfigResourceType
+        from kafka.errors import TopicAlreadyExistsError
+
+        admin = KafkaAdminClient(**self._configs)
+        try:
+            if self.topic not in admin.list_topics():
+                brokers = len(admin.describe_cluster()["brokers"])
+                replication = min(3, max(brokers, 1))
+                configs = {"cleanup.policy": "compact"}
+                if replication >= 2:
+                    configs["min.insync.replicas"] = "2"
+                try:
+                    admin.create_topics({self.topic: {"num_partitions": 1, "replication_factor": replication,
+                                                      "configs": configs}}, wait_for_metadata=True)
+                    log.info("created the quota topic %s: compacted, replication factor %d", self.topic,
+                             replication)
+                except TopicAlreadyExistsError:
+                    pass  # another member made it first
+            described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, self.topic,
+                                                               ["cleanup.policy"])])
+            policy = _config_value(described, "cleanup.policy")
+            if policy is not None and policy != "compact":
+                raise KafkaQuotaError(f"{self._where}: cleanup.policy is {policy!r}; the quota topic must be "
+                                      "compacted (cleanup.policy=compact), or records would expire")
+        finally:
+            admin.close()
+
+    def _explain(self, doing: str, exc: Exception) -> str:
+        name = type(exc).__name__
+        if "Authorization" in name:
+            return (f"{doing} {self._where}: {name}: this principal needs Topic READ, WRITE, DESCRIBE "
+                    f"and DESCRIBE_CONFIGS on {self.topic} (and CREATE on the cluster, or the topic made "
+                    "beforehand)")
+        return f"{doing} {self._where} failed: {exc!r}"
+
+
+def _config_value(described: Any, name: str) -> str | None:
+    """A config's value from kafka-python's DescribeConfigs answer, whatever shape this version gives."""
+    for response in described if isinstance(described, list) else [described]:
+        for resource in getattr(response, "resources", []):
+            for entry in resource[4] if isinstance(resource, tuple) else getattr(resource, "configs", []):
+                entry_name = entry[0] if isinstance(entry, tuple) else getattr(entry, "name", None)
+                if entry_name == name:
+                    value = entry[1] if isinstance(entry, tuple) else getattr(entry, "value", None)
+                    return str(value) if value is not None else None
+    return None
