@@ -53,12 +53,24 @@ QUOTA_FILE_POLL_SECONDS = 0.5
 
 
 async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> QuotaStore | None:
-    """ZooKeeper when configured, else the quota file (and its admin file), else none."""
+    """The quota topic, ZooKeeper or the quota file (and its admin file), as proxy.quota_store says;
+    none without a config file."""
     from config.partition_throttles import load_partition_throttles
     from config.quotas import QuotaConfigError, load_quota_file
     from config.store import FileQuotaStore
 
     loop = asyncio.get_running_loop()
+    if settings.quota_store == "kafka":
+        from proxy.admin.kafka_store import open_kafka_quotas
+
+        from_file: QuotaTable = {}
+        if settings.quota_file is not None:
+            try:
+                from_file = load_quota_file(settings.quota_file)
+                server.partition_throttles.set_throttles(load_partition_throttles(settings.quota_file))
+            except QuotaConfigError as exc:
+                raise SettingsError(str(exc)) from exc
+        return await open_kafka_quotas(settings, server, from_file)
     if settings.zookeeper:
         from config.zookeeper import ZooKeeperQuotaError, ZooKeeperQuotas
 

@@ -1,9 +1,10 @@
 """The `[fleet]` table: several kthrottle processes enforcing one quota per entity (issue 11).
 
 Without the table a proxy is alone, exactly as before. With it, the proxy exchanges its usage with
-the other members over UDP (proxy/fleet/exchange.py) and finds them either in a static list or in ZooKeeper
-(proxy/fleet/membership.py). Every value is checked here, at start, and an error names the setting and
-the value, so a fleet never half-starts with a typo:
+the other members over UDP (proxy/fleet/exchange.py) and finds them in a static list, in ZooKeeper
+(proxy/fleet/membership.py) or through a group on the upstream cluster (proxy/fleet/kafka_group.py).
+Every value is checked here, at start, and an error names the setting and the value, so a fleet
+never half-starts with a typo:
 
 ```toml
 [fleet]
@@ -11,7 +12,7 @@ name = "orders-cluster"           # default: the upstream cluster id (proxies in
 listen = "0.0.0.0:9190"           # UDP address the usage datagrams arrive on
 advertise = "proxy-a.example:9190"  # what peers send to (default: listen; required for a wildcard listen)
 secret_file = "/etc/kthrottle/fleet.secret"   # or $KTHROTTLE_FLEET_SECRET; at least 16 bytes
-membership = "static"             # or "zookeeper"
+membership = "static"             # or "zookeeper", or "kafka" (a group on the upstream cluster)
 peers = ["proxy-b.example:9190", "proxy-c.example:9190"]
 sync_interval_ms = 100            # changed usage this often
 full_sync_interval_ms = 1000      # all usage this often
@@ -46,7 +47,7 @@ MAX_FULL_SYNC_INTERVAL_MS = 10_000
 #: How many full syncs a peer's usage stays at full weight after its last report.
 STALE_AFTER_FULL_SYNCS = 3
 
-MEMBERSHIPS = ("static", "zookeeper")
+MEMBERSHIPS = ("static", "zookeeper", "kafka")
 
 
 @dataclass(slots=True)
@@ -183,7 +184,7 @@ def parse_fleet_table(table: object, config_path: Path | None = None,
                 secret_file = config_path.parent / secret_file
         elif key == "membership":
             if value not in MEMBERSHIPS:
-                raise SettingsError(f'fleet.membership = {value!r} must be "static" or "zookeeper"')
+                raise SettingsError(f'fleet.membership = {value!r} must be "static", "zookeeper" or "kafka"')
             fleet.membership = str(value)
         elif key == "peers":
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
@@ -214,9 +215,10 @@ def parse_fleet_table(table: object, config_path: Path | None = None,
     if fleet.membership == "static" and "zookeeper" in values:
         raise SettingsError('fleet.zookeeper is set but fleet.membership is "static": '
                             'set membership = "zookeeper" or remove it')
-    if fleet.membership == "zookeeper" and fleet.peers:
-        raise SettingsError('fleet.peers is set but fleet.membership is "zookeeper": members come from '
-                            "ZooKeeper; remove fleet.peers")
+    if fleet.membership != "static" and fleet.peers:
+        where = "ZooKeeper" if fleet.membership == "zookeeper" else "the cluster's group"
+        raise SettingsError(f'fleet.peers is set but fleet.membership is "{fleet.membership}": members come '
+                            f"from {where}; remove fleet.peers")
     fleet.secret = read_secret(secret_file, environ)
     return fleet
 

@@ -37,10 +37,19 @@ log = logging.getLogger("kthrottle.config.kafka_quotas")
 DEFAULT_TOPIC = "__kthrottle_quotas"
 #: How long one poll of the follower thread waits for records.
 POLL_MS = 200
+#: How often the follower asks the cluster for the topic's end, and how long it waits for it.
+LIVENESS_CHECK_S = 1.0
+LIVENESS_TIMEOUT_MS = 2000
 
 
 class KafkaQuotaError(RuntimeError):
-    """The quota topic could not be made, read or written; the message names the topic and what to do."""
+    """The quota topic could not be made, read or written; the message names the topic and what to do.
+
+    `denied`: the cluster refused this principal (an ACL), rather than being out of reach."""
+
+    def __init__(self, message: str, *, denied: bool = False) -> None:
+        super().__init__(message)
+        self.denied = denied
 
 
 class KafkaQuotas:
@@ -71,7 +80,10 @@ class KafkaQuotas:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Topic checked or created, read to its end, the table delivered; then followed on a thread."""
+        """Topic checked or created, read to its end, the table delivered; then followed on a thread.
+
+        Raises KafkaQuotaError (the store is left closed, and may be started again) when the topic
+        cannot be made or read; `.denied` tells an ACL refusal from an unreachable cluster."""
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
         from kafka.errors import KafkaError
 
@@ -79,18 +91,20 @@ class KafkaQuotas:
             self._ensure_topic()
             consumer = KafkaConsumer(**self._configs, group_id=None, enable_auto_commit=False,
                                      auto_offset_reset="earliest")
+            self._consumer = consumer
             partition = TopicPartition(self.topic, 0)
             consumer.assign([partition])
             consumer.seek_to_beginning(partition)
             end = consumer.end_offsets([partition], timeout_ms=int(self._timeout * 1000))[partition]
-            self._consumer = consumer
             self._read_until(end, time.monotonic() + self._timeout)
             self._producer = KafkaProducer(**self._configs, acks="all", enable_idempotence=True,
                                            max_in_flight_requests_per_connection=1,
                                            allow_auto_create_topics=False)
-        except KafkaError as exc:
-            self.stop()
-            raise KafkaQuotaError(self._explain("reading", exc)) from exc
+        except (KafkaError, KafkaQuotaError, OSError) as exc:
+            self._close_clients()
+            if isinstance(exc, KafkaQuotaError):
+                raise
+            raise KafkaQuotaError(self._explain("reading", exc), denied=_denied(exc)) from exc
         self.reachable = True
         self._deliver()
         log.info("quotas live in %s: %d entities read up to offset %d", self._where,
@@ -98,10 +112,17 @@ class KafkaQuotas:
         self._thread = threading.Thread(target=self._follow, name="kthrottle-quota-topic", daemon=True)
         self._thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
     def stop(self) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(self._timeout)
+        self._close_clients()
+
+    def _close_clients(self) -> None:
         for client in (self._producer, self._consumer):
             if client is not None:
                 try:
@@ -145,18 +166,30 @@ class KafkaQuotas:
         return read
 
     def _follow(self) -> None:
+        """Poll for records; once a second ask for the end offset, which is how an absent cluster
+        shows (kafka-python's poll just returns nothing while it reconnects)."""
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
 
+        partition = TopicPartition(self.topic, 0)
+        checked = 0.0
         while not self._stopping.is_set():
             try:
                 if self._poll():
                     self._deliver()
-                self.reachable = True
+                if time.monotonic() - checked >= LIVENESS_CHECK_S:
+                    self._consumer.end_offsets([partition], timeout_ms=LIVENESS_TIMEOUT_MS)
+                    checked = time.monotonic()
+                    if not self.reachable:
+                        log.warning("%s is back: quota changes are accepted again", self._where)
+                    self.reachable = True
             except KafkaError as exc:
                 if self.reachable:
-                    log.warning("%s unreachable, the last quotas stay in force: %s", self._where, exc)
+                    log.warning("%s unreachable, the last quotas stay in force and changes are refused: "
+                                "%r", self._where, exc)
                 self.reachable = False
-                self._stopping.wait(1.0)
+                checked = time.monotonic()
+                self._stopping.wait(0.5)
 
     def _deliver(self) -> None:
         table = self.current()
@@ -176,7 +209,11 @@ class KafkaQuotas:
                 if value is not None:
                     check_value(entity, quota_type, value)
         if self._producer is None:
-            raise KafkaQuotaError(f"the quota store on {self._where} is not started")
+            raise KafkaQuotaError(f"the quota store on {self._where} is not started (the cluster was "
+                                  "unreachable at start): quotas not stored")
+        if not self.reachable:
+            raise KafkaQuotaError(f"{self._where} is unreachable: quotas not stored; the last quotas stay "
+                                  "in force on every proxy until the cluster returns")
         table = self.current()
         written = -1
         stored: list[str] = []
@@ -194,7 +231,7 @@ class KafkaQuotas:
             except KafkaError as exc:
                 done = f" (already stored: {'; '.join(stored)})" if stored else ""
                 why = self._explain(f"storing quotas for {entity.describe()}", exc)
-                raise KafkaQuotaError(why + done) from exc
+                raise KafkaQuotaError(why + done, denied=_denied(exc)) from exc
             written = max(written, metadata.offset)
             stored.append(entity.describe())
         deadline = time.monotonic() + self._timeout
@@ -240,11 +277,16 @@ class KafkaQuotas:
 
     def _explain(self, doing: str, exc: Exception) -> str:
         name = type(exc).__name__
-        if "Authorization" in name:
+        if _denied(exc):
             return (f"{doing} {self._where}: {name}: this principal needs Topic READ, WRITE, DESCRIBE "
                     f"and DESCRIBE_CONFIGS on {self.topic} (and CREATE on the cluster, or the topic made "
                     "beforehand)")
         return f"{doing} {self._where} failed: {exc!r}"
+
+
+def _denied(exc: Exception) -> bool:
+    """Whether the cluster refused this principal (TopicAuthorizationFailed, ClusterAuthorization...)."""
+    return "Authorization" in type(exc).__name__
 
 
 def _config_value(described: Any, name: str) -> str | None:

@@ -16,6 +16,7 @@ from quotas.token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 
 from .client_addresses import CLIENT_ADDRESS_KEYS, ClientAddressSettings, parse_client_addresses
 from .common import Address, SettingsError, parse_address, parse_address_list
+from .control_plane import QUOTA_STORES, ControlPlaneSettings, parse_control_plane_table
 
 if TYPE_CHECKING:
     from quotas.capacity import CapacityConfig
@@ -65,6 +66,12 @@ class ProxySettings:
     zookeeper: str | None = None
     #: Path prefix of Kafka's znodes in ZooKeeper, e.g. "/kafka" ("" is the root).
     zookeeper_chroot: str = ""
+    #: Where quotas live (config/control_plane.py): "file", "zookeeper" or "kafka"; None: "zookeeper"
+    #: when proxy.zookeeper is set, else "file".
+    quota_store: str | None = None
+    #: The `[control_plane]` table: the quota topic and the proxy's own login for quota_store = "kafka"
+    #: and fleet.membership = "kafka" (defaults when the table is absent).
+    control_plane: ControlPlaneSettings = field(default_factory=ControlPlaneSettings)
     # -- what a client can make the proxy hold (see README "Limits a client cannot exceed") --------
     #: Kafka's max.connections: client connections open at once; None means what the file
     #: descriptor limit allows (each connection holds two descriptors: client and broker).
@@ -129,6 +136,17 @@ class ProxySettings:
                 f"proxy.max_connections = {self.max_connections}")
         if self.fleet is not None:
             self.fleet.check(self.zookeeper, self.zookeeper_chroot)
+        if self.quota_store is None:
+            self.quota_store = "zookeeper" if self.zookeeper else "file"
+        elif self.quota_store == "zookeeper" and not self.zookeeper:
+            raise SettingsError('proxy.quota_store = "zookeeper" needs proxy.zookeeper (the connect string)')
+        elif self.quota_store != "zookeeper" and self.zookeeper:
+            raise SettingsError(f'proxy.quota_store = "{self.quota_store}" but proxy.zookeeper is set: '
+                                "quotas live in one place; remove one of them")
+        if self.quota_store == "kafka" and self.fleet is None:
+            raise SettingsError('proxy.quota_store = "kafka" signs its records with the fleet secret: add a '
+                                "[fleet] table (a fleet of one needs no peers) with secret_file or "
+                                "$KTHROTTLE_FLEET_SECRET")
 
     def node_port(self, node_id: int) -> int:
         """The deterministic proxy port for a broker node id."""
@@ -185,6 +203,11 @@ def load_settings(path: Path | None) -> ProxySettings:
                 raise SettingsError(
                     f"proxy.quota_shape = {value!r} must be " + " or ".join(f'"{v}"' for v in QUOTA_SHAPES))
             settings.quota_shape = KAFKA if value == KAFKA else SMOOTH
+        elif key == "quota_store":
+            if value not in QUOTA_STORES:
+                raise SettingsError(f"proxy.quota_store = {value!r} must be "
+                                    + ", ".join(f'"{v}"' for v in QUOTA_STORES))
+            settings.quota_store = str(value)
         elif key == "zookeeper":
             if not isinstance(value, str) or not value.strip():
                 raise SettingsError(f"proxy.zookeeper = {value!r} must be a connect string like \"zk1:2181\"")
@@ -222,6 +245,8 @@ def load_settings(path: Path | None) -> ProxySettings:
         from .capacity import parse_capacity_table
 
         settings.capacity = parse_capacity_table(data["capacity"])
+    if "control_plane" in data:
+        settings.control_plane = parse_control_plane_table(data["control_plane"])
     if "usage" in data:
         from .usage import parse_usage_table
 

@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .cluster_login import LOGIN_KEYS, SASL_MECHANISMS, ClusterLogin, parse_login
 from .common import Address, SettingsError, parse_address
 
 #: How often events are written by default: often enough for an hourly report to see a tenant's
@@ -54,7 +55,6 @@ DEFAULT_BUFFER_MEMORY = 32 * 1024 * 1024
 DEFAULT_MAX_PENDING_INTERVALS = 30
 #: The producer's password when `sasl_password` is not in the file (kept out of files and `ps`).
 SASL_PASSWORD_ENV = "KTHROTTLE_USAGE_SASL_PASSWORD"
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 #: Kafka's topic name rule (Topic.validate): at most 249 of [a-zA-Z0-9._-].
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
@@ -75,9 +75,20 @@ class UsageSettings:
     bootstrap_servers: list[Address] = field(default_factory=list)
     buffer_memory: int = DEFAULT_BUFFER_MEMORY
     max_pending_intervals: int = DEFAULT_MAX_PENDING_INTERVALS
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = None
+    #: the producer's SASL login (config/cluster_login.py); none by default
+    login: ClusterLogin = field(default_factory=ClusterLogin)
+
+    @property
+    def sasl_mechanism(self) -> str | None:
+        return self.login.mechanism
+
+    @property
+    def sasl_username(self) -> str | None:
+        return self.login.username
+
+    @property
+    def sasl_password(self) -> str | None:
+        return self.login.password
 
 
 def _int(key: str, value: object, low: int, high: int | None = None, also: tuple[int, ...] = ()) -> int:
@@ -90,12 +101,6 @@ def _int(key: str, value: object, low: int, high: int | None = None, also: tuple
         extra = "".join(f" (or {v})" for v in also)
         raise SettingsError(f"usage.{key} = {value!r} must be {span}{extra}")
     return value
-
-
-def _string(key: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise SettingsError(f"usage.{key} = {value!r} must be a non-empty string")
-    return value.strip()
 
 
 def parse_usage_table(table: object, environ: Mapping[str, str] | None = None) -> UsageSettings:
@@ -131,30 +136,11 @@ def parse_usage_table(table: object, environ: Mapping[str, str] | None = None) -
             usage.buffer_memory = _int(key, value, 1024)
         elif key == "max_pending_intervals":
             usage.max_pending_intervals = _int(key, value, 1)
-        elif key == "sasl_mechanism":
-            if value not in SASL_MECHANISMS:
-                raise SettingsError(f"usage.sasl_mechanism = {value!r} must be one of "
-                                    + ", ".join(f'"{m}"' for m in SASL_MECHANISMS))
-            usage.sasl_mechanism = str(value)
-        elif key == "sasl_username":
-            usage.sasl_username = _string(key, value)
-        elif key == "sasl_password":
-            if not isinstance(value, str) or not value:
-                raise SettingsError("usage.sasl_password must be a non-empty string")
-            usage.sasl_password = value
+        elif key in LOGIN_KEYS:
+            pass  # parse_login, below
         else:
             raise SettingsError(f"unknown setting usage.{key}")
-    if usage.sasl_mechanism is not None:
-        if usage.sasl_username is None:
-            raise SettingsError(f'usage.sasl_mechanism = "{usage.sasl_mechanism}" needs usage.sasl_username')
-        if usage.sasl_password is None:
-            usage.sasl_password = environ.get(SASL_PASSWORD_ENV) or None
-        if usage.sasl_password is None:
-            raise SettingsError(f'usage.sasl_mechanism = "{usage.sasl_mechanism}" needs usage.sasl_password '
-                                f"or ${SASL_PASSWORD_ENV}")
-    elif usage.sasl_username is not None or usage.sasl_password is not None:
-        raise SettingsError("usage.sasl_username / usage.sasl_password are set but usage.sasl_mechanism is "
-                            'not: set it to "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"')
+    usage.login = parse_login("usage", dict(table), SASL_PASSWORD_ENV, environ)
     return usage
 
 

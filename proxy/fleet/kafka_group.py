@@ -1,4 +1,4 @@
-"""Fleet membership through the upstream cluster's group protocol (``membership = "kafka"``; WIP, issue 26).
+"""Fleet membership through the upstream cluster's group protocol (``membership = "kafka"``, issue 26).
 
 Why: Kafka 4 has no ZooKeeper, and the cluster's group coordinator already does what a fleet needs:
 it knows who is alive (heartbeats within the session timeout), and tells everyone when someone joins
@@ -43,8 +43,18 @@ SESSION_TIMEOUT_MS = 10_000
 HEARTBEAT_INTERVAL_MS = 3_000
 #: How long a rebalance waits for every member to rejoin (Connect: 60 s); the driver rejoins at once.
 REBALANCE_TIMEOUT_MS = 30_000
+#: How often the driver looks whether the coordinator asked for a rejoin (a member came or went):
+#: the others' new list is late by at most this, after the coordinator's own decision.
+DRIVE_INTERVAL_S = 0.25
 #: How long start-up waits to be in the group before refusing to start.
 JOIN_TIMEOUT_S = 30.0
+#: The group's name is this plus the fleet's: proxies in front of one cluster with one fleet name meet.
+GROUP_PREFIX = "kthrottle-fleet."
+
+
+def group_id(fleet_name: str) -> str:
+    """The fleet's group on the upstream cluster."""
+    return GROUP_PREFIX + fleet_name
 
 
 class FleetCoordinator(BaseCoordinator):  # type: ignore[misc]
@@ -146,7 +156,7 @@ class KafkaMembership(Membership):
 
         coordinator = self._coordinator
         assert coordinator is not None
-        interval = HEARTBEAT_INTERVAL_MS / 2000
+        interval = DRIVE_INTERVAL_S
         away = False
         while not self._stopping.wait(interval):
             try:

@@ -67,6 +67,15 @@ async def start_fleet(settings: ProxySettings, server: ProxyServer) -> FleetExch
         assert fleet.zookeeper is not None
         membership = ZooKeeperMembership(fleet.zookeeper, fleet.zookeeper_chroot or "", name,
                                          fleet.advertised)
+    elif fleet.membership == "kafka":
+        from config.cluster_login import client_configs
+
+        from .kafka_group import KafkaMembership, group_id
+
+        login = settings.control_plane.login
+        configs = client_configs(settings.upstream, server.upstream_tls_context(), login, "kthrottle-fleet",
+                                 request_timeout_ms=30_000, bootstrap_timeout_ms=10_000)
+        membership = KafkaMembership(configs, group_id(name), fleet.advertised)
     else:
         membership = StaticMembership(fleet.peers, {fleet.advertised, fleet.listen})
     exchange = FleetExchange(server.engine, fleet, name, membership, FleetMetrics(server.metrics.registry))

@@ -50,6 +50,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from config.cluster_login import client_configs
 from config.settings import Address, ProxySettings
 from config.usage import UsageSettings
 from protocol.apis import api_name
@@ -293,23 +294,8 @@ class _Sender:
             log.warning("usage events: %d not written at shutdown", lost)
 
     def _client_configs(self) -> dict[str, Any]:
-        usage = self.usage
-        configs: dict[str, Any] = {
-            "bootstrap_servers": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.bootstrap],
-            "client_id": "kthrottle-usage",
-            "bootstrap_timeout_ms": BOOTSTRAP_TIMEOUT_MS,
-            "request_timeout_ms": 30_000,
-        }
-        context = self.tls()
-        if context is not None:
-            configs["ssl_context"] = context
-        protocol = "SSL" if context is not None else "PLAINTEXT"
-        if usage.sasl_mechanism is not None:
-            protocol = "SASL_" + protocol
-            configs.update(sasl_mechanism=usage.sasl_mechanism, sasl_plain_username=usage.sasl_username,
-                           sasl_plain_password=usage.sasl_password)
-        configs["security_protocol"] = protocol
-        return configs
+        return client_configs(self.bootstrap, self.tls(), self.usage.login, "kthrottle-usage",
+                              bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS, request_timeout_ms=30_000)
 
     def _connect(self) -> Any:
         """A producer, after the topic is known to exist (created if missing); None if unreachable."""

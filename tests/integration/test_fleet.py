@@ -92,12 +92,13 @@ class Member(RunningProxy):
 
     def __init__(self, upstream: str, workdir: Path, quotas: str, *, udp_port: int | None = None,
                  peers: list[str] | None = None, fleet: str = "", workers: int = 1,
-                 name: str | None = FLEET, upstream_tls: str = "") -> None:
+                 name: str | None = FLEET, upstream_tls: str = "", settings: str = "") -> None:
+        """`settings`: more `[proxy]` lines; `fleet`: the `[fleet]` lines after listen and secret."""
         self.workers = workers
         self.metrics_port = free_port_block(workers)
         self.udp_port = udp_port
         config = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
-        text = f"[proxy]\n{QUOTA_SETTINGS}\n\n"
+        text = f"[proxy]\n{QUOTA_SETTINGS}\n{settings}\n\n"
         if udp_port is not None:
             secret = workdir / "fleet.secret"
             if not secret.exists():

@@ -1,0 +1,361 @@
+"""Quotas kept in a compacted topic of the upstream cluster (issue 26), with real processes.
+
+Every member is a real `kthrottle run` with `quota_store = "kafka"`, each with a config directory
+of its own as on separate hosts, sharing only the fleet secret. Changes go in with Kafka's own
+`kafka-configs` (and `kthrottle quotas`) through one member and are read back through the others;
+the topic is read with a plain consumer and written with a plain producer (a forged record). The
+outage is a whole cluster stopped with SIGSTOP from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.protocol.admin.client_quotas import (
+    AlterClientQuotasRequest,
+    AlterClientQuotasResponse,
+    DescribeClientQuotasRequest,
+    DescribeClientQuotasResponse,
+)
+
+from cli.quotas import alter, describe
+from harness.local_kafka import TEST_HEAP_MB, LocalKafka
+from harness.ports import free_udp_port
+from protocol.frames import frame
+from protocol.headers import encode_request_header
+
+from .clients import wait_until
+from .conftest import KafkaJava
+from .quota_runs import report
+from .test_fleet import GreedyProducer, Member
+from .test_quota_admin import configs
+from .test_quotas import _end_offsets, _topic
+
+#: three members and a greedy producer must offer more than the quota
+pytestmark = pytest.mark.cpu_sensitive
+
+SETTINGS = 'quota_store = "kafka"\nquota_admins = ["User:ANONYMOUS"]'
+QUOTA = 400_000  # bytes per second, through one member
+RUN_S = 30.0
+SKIPPED = "kthrottle_quota_records_skipped_total"
+
+
+class KafkaFleet:
+    """Members with `quota_store = "kafka"` and `membership = "kafka"`, each in a directory of its
+    own; started again on the same UDP ports."""
+
+    def __init__(self, stack: ExitStack, bootstrap: str, root: Path, count: int) -> None:
+        self.stack = stack
+        self.bootstrap = bootstrap
+        self.topic = f"__kthrottle_quotas-{uuid.uuid4().hex[:8]}"
+        self.name = f"topic-fleet-{uuid.uuid4().hex[:8]}"  # its group: kthrottle-fleet.<name>
+        self.ports = [free_udp_port() for _ in range(count)]
+        self.dirs = [root / f"host-{i}" for i in range(count)]
+        secret = os.urandom(32).hex() + "\n"
+        for workdir in self.dirs:
+            workdir.mkdir()
+            (workdir / "fleet.secret").write_text(secret)
+        self.members: list[Member] = []
+
+    def start(self) -> list[Member]:
+        def one(index: int) -> Member:
+            plane = f'[control_plane]\nquota_topic = "{self.topic}"\n'
+            return Member(self.bootstrap, self.dirs[index], plane, udp_port=self.ports[index],
+                          fleet='membership = "kafka"', name=self.name, settings=SETTINGS)
+
+        with ThreadPoolExecutor(len(self.ports)) as pool:
+            self.members = list(pool.map(one, range(len(self.ports))))
+        for member in self.members:
+            self.stack.callback(member.stop)
+        return self.members
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+
+def produce_rate_of(member: Member, client_id: str) -> float | None:
+    """The producer_byte_rate a describe through `member` shows for the client id, or None."""
+    for entity, values in describe(member.bootstrap, client_id=client_id):
+        if entity == {"client-id": client_id}:
+            return values.get("producer_byte_rate")
+    return None
+
+
+def seconds_until(condition: Callable[[], bool], timeout: float) -> float | None:
+    """How long until `condition` held (polled every 20 ms), or None within `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(0.02)
+    return None
+
+
+def topic_records(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None, dict[str, bytes]]]:
+    """Every record of the quota topic: (key, value, headers), read with a plain consumer."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap.split(","), group_id=None, enable_auto_commit=False)
+    try:
+        partition = TopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        end = consumer.end_offsets([partition])[partition]
+        out = []
+        deadline = time.monotonic() + 20
+        while consumer.position(partition) < end and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                out += [(r.key, r.value, dict(r.headers or [])) for r in records]
+        return out
+    finally:
+        consumer.close()
+
+
+def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: LocalKafka,
+                                                               kafka_java: KafkaJava, tmp_path: Path) -> None:
+    """kafka-configs through A; a describe through B and C shows it within 1 s; a producer through C
+    is held to it; the topic holds one record per entity in Kafka's config form."""
+    client = "topic-held"
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 3)
+        a, b, c = fleet.start()
+        for member in (a, b, c):
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 3, 15, "3 members")
+        configs(kafka_java, a.bootstrap, "--alter", "--add-config", f"producer_byte_rate={QUOTA}",
+                "--entity-type", "clients", "--entity-name", client)
+        shown = [seconds_until(lambda m=m: produce_rate_of(m, client) == QUOTA, 10) for m in (b, c)]
+        # Timed from the answer itself: kthrottle quotas returns as the answer arrives (the JVM's
+        # exit would add its own time to kafka-configs').
+        assert alter(a.bootstrap, [({"client-id": client}, [("producer_byte_rate", 2 * QUOTA, False)])]) == [
+            (0, None)]
+        timed = [seconds_until(lambda m=m: produce_rate_of(m, client) == 2 * QUOTA, 10) for m in (b, c)]
+        configs(kafka_java, a.bootstrap, "--alter", "--add-config", f"producer_byte_rate={QUOTA}",
+                "--entity-type", "clients", "--entity-name", client)
+        wait_until(lambda: all(produce_rate_of(m, client) == QUOTA for m in (a, b, c)), 5, "the quota back")
+        report(f"quota topic, 3 members: kafka-configs --alter through A shown by a describe through B and C "
+               f"{shown[0]:.2f} s and {shown[1]:.2f} s after the tool returned; kthrottle quotas through A "
+               f"shown through B and C {timed[0]:.2f} s and {timed[1]:.2f} s after its answer"
+               if None not in shown + timed else f"not shown: {shown} {timed}")
+        assert None not in shown and None not in timed, (shown, timed)
+        assert max(shown + timed) <= 1.0, (shown, timed)  # type: ignore[type-var]
+
+        topic = _topic(c.bootstrap, "topic-held")
+        started = time.monotonic()
+        producer = GreedyProducer(c.bootstrap, topic, started, client_id=client)
+        stack.callback(producer.stop, True)
+        time.sleep(RUN_S)
+        producer.stop()
+        rate = producer.result.rate(RUN_S - 20, RUN_S)
+        report(f"quota topic: a producer through C held to the quota set through A: {rate:,.0f} B/s over the "
+               f"last 20 s of {RUN_S:.0f} ({rate / QUOTA:.3f}x {QUOTA:,} B/s)")
+        assert 0.9 * QUOTA <= rate <= 1.1 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert _end_offsets(c.bootstrap, topic) == producer.result.records
+        assert c.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
+                        client_id=client) > 0
+
+        records = topic_records(kafka_cluster.bootstrap, fleet.topic)
+        latest = {key: value for key, value, _ in records}
+        assert latest[f"clients/{client}".encode()] is not None
+        assert json.loads(latest[f"clients/{client}".encode()] or b"") == {
+            "version": 1, "config": {"producer_byte_rate": str(QUOTA)}}, latest
+        assert all("kthrottle-mac" in headers for _, _, headers in records)
+
+
+def test_restarted_members_have_the_quotas_before_serving(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """All three stopped and started again: each has read the topic before its listener opens."""
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 3)
+        a, _, _ = fleet.start()
+        entries = [({"client-id": f"kept-{i}"}, [("producer_byte_rate", 1000.0 * (i + 1), False)])
+                   for i in range(3)]
+        entries.append(({"user": "kept-user"},
+                        [("consumer_byte_rate", 5000.0, False), ("share", 3.0, False)]))
+        entries.append(({"ip": "127.0.0.9"}, [("connection_creation_rate", 7.0, False)]))
+        assert alter(a.bootstrap, entries) == [(0, None)] * len(entries)
+        fleet.stop()
+        members = fleet.start()
+        for member in members:
+            log = member.log()
+            read = log.find("entities read up to offset")
+            assert 0 <= read < log.find("bootstrap.servers="), log[-3000:]
+            assert "5 entities read" in log, log[-3000:]
+            shown = {json.dumps(e, sort_keys=True): v for e, v in describe(member.bootstrap)}
+            assert shown == {
+                '{"client-id": "kept-0"}': {"producer_byte_rate": 1000.0},
+                '{"client-id": "kept-1"}': {"producer_byte_rate": 2000.0},
+                '{"client-id": "kept-2"}': {"producer_byte_rate": 3000.0},
+                '{"user": "kept-user"}': {"consumer_byte_rate": 5000.0, "share": 3.0},
+            }, shown
+        report("quota topic: 3 members stopped and started again: each read the topic's 5 entities before "
+               "opening its listener")
+
+
+def test_a_forged_record_is_skipped_logged_and_counted(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """A record written straight to the topic with a plain producer, without the fleet's MAC (and one
+    with a MAC from another secret) changes nothing on any member."""
+    from kafka import KafkaProducer
+
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 2)
+        a, b = fleet.start()
+        real = [({"client-id": "real"}, [("producer_byte_rate", 1234.0, False)])]
+        assert alter(a.bootstrap, real) == [(0, None)]
+        producer = KafkaProducer(bootstrap_servers=kafka_cluster.bootstrap.split(","))
+        try:
+            forged = json.dumps({"version": 1, "config": {"producer_byte_rate": "999999999"}}).encode()
+            producer.send(fleet.topic, key=b"clients/real", value=forged).get(timeout=10)
+            producer.send(fleet.topic, key=b"clients/forged", value=forged,
+                          headers=[("kthrottle-written-at", struct.pack(">q", int(time.time() * 1000))),
+                                   ("kthrottle-mac", os.urandom(32))]).get(timeout=10)
+        finally:
+            producer.close()
+        for member in (a, b):
+            wait_until(lambda m=member: m.metric(SKIPPED, reason="forged") == 2, 10,
+                       "two forged records counted")
+            member.wait_for_log("forged", 5)
+            assert {json.dumps(e): v for e, v in describe(member.bootstrap)} == {
+                '{"client-id": "real"}': {"producer_byte_rate": 1234.0}}
+        log = a.log()
+        lines = [line for line in log.splitlines() if "skipped a record" in line]
+        report(f"quota topic: forged records skipped: {lines[0].split('skipped a record: ')[-1]}")
+        assert len(lines) == 2 and all("forged" in line for line in lines), lines
+
+
+def _raw(bootstrap: str, api_key: int, request: Any) -> bytes:
+    """One v0 admin request on a bare socket, the response body: no ApiVersions or Metadata first,
+    which a stopped cluster would never answer (the proxy answers these requests itself)."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(frame(encode_request_header(api_key, 0, 7, "raw-admin") + bytes(request.encode())))
+        size = struct.unpack(">i", _exactly(sock, 4))[0]
+        return _exactly(sock, size)[4:]  # after the correlation id
+
+
+def _alter_raw(bootstrap: str, client_id: str, rate: float) -> tuple[int, str | None]:
+    a = AlterClientQuotasRequest
+    request = a[0](entries=[a.EntryData(
+        entity=[a.EntryData.EntityData(entity_type="client-id", entity_name=client_id)],
+        ops=[a.EntryData.OpData(key="producer_byte_rate", value=rate, remove=False)])], validate_only=False)
+    (entry,) = AlterClientQuotasResponse[0].decode(_raw(bootstrap, 49, request)).entries
+    return entry.error_code, entry.error_message
+
+
+def _describe_raw(bootstrap: str, client_id: str) -> float | None:
+    d = DescribeClientQuotasRequest
+    request = d[0](components=[d.ComponentData(entity_type="client-id", match_type=0, match=client_id)],
+                   strict=False)
+    response = DescribeClientQuotasResponse[0].decode(_raw(bootstrap, 48, request))
+    assert response.error_code == 0, response.error_message
+    for entry in response.entries or []:
+        for value in entry.values:
+            if value.key == "producer_byte_rate":
+                return float(value.value)
+    return None
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(tmp_path: Path) -> None:
+    """The whole cluster stopped (SIGSTOP) for 10 s: the members keep the quotas, a change is refused
+    with an error naming the topic, and after SIGCONT a change is accepted and reaches both."""
+    with LocalKafka(brokers=1, heap_mb=TEST_HEAP_MB, light_jit=True) as cluster, ExitStack() as stack:
+        fleet = KafkaFleet(stack, cluster.bootstrap, tmp_path, 2)
+        a, b = fleet.start()
+        assert _alter_raw(a.bootstrap, "outage", 1000.0) == (0, None)
+        wait_until(lambda: produce_rate_of(b, "outage") == 1000.0, 5, "the quota on B")
+        pids = [cluster.pid(node) for node in cluster.node_ids]
+        stopped = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            refused = None
+            while time.monotonic() - stopped < 10:
+                code, message = _alter_raw(a.bootstrap, "outage", 2000.0)
+                if code != 0:
+                    refused = (time.monotonic() - stopped, code, message)
+                    break
+                time.sleep(0.5)
+            assert refused is not None, "no change was refused while the cluster was stopped"
+            time.sleep(max(0.0, stopped + 10 - time.monotonic()))
+            kept = [_describe_raw(m.bootstrap, "outage") for m in (a, b)]
+            assert kept == [1000.0, 1000.0], kept
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        accepted = None
+        while time.monotonic() - resumed < 60:
+            if _alter_raw(a.bootstrap, "outage", 3000.0) == (0, None):
+                accepted = time.monotonic() - resumed
+                break
+            time.sleep(0.5)
+        assert accepted is not None, a.log()[-3000:]
+        reached = seconds_until(lambda: produce_rate_of(b, "outage") == 3000.0, 10)
+        report(f"quota topic, cluster stopped 10 s: a change refused {refused[0]:.1f} s in ({refused[2]}); "
+               f"accepted {accepted:.1f} s after the cluster resumed, on B {reached} s later")
+        assert refused[1] != 0 and fleet.topic in (refused[2] or "") and "unreachable" in (refused[2] or "")
+        assert reached is not None and reached <= 1.0
+
+
+def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster: LocalKafka,
+                                                                 tmp_path: Path) -> None:
+    """kill -9 of one of three: the others see it leave within the session timeout (plus the
+    rebalance), a fleet-wide quota holds for a client spread over the two left, and a new member
+    joins within one rebalance."""
+    from proxy.fleet.kafka_group import SESSION_TIMEOUT_MS
+
+    client = "topic-spread"
+    members_metric = "kthrottle_fleet_members"
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 4)
+        fleet.ports, spare_port = fleet.ports[:3], fleet.ports[3]
+        a, b, c = fleet.start()
+        for member in (a, b, c):
+            wait_until(lambda m=member: m.metric(members_metric) == 3, 15, "3 members")
+        spread = [({"client-id": client}, [("producer_byte_rate", float(QUOTA), False)])]
+        assert alter(a.bootstrap, spread) == [(0, None)]
+        c.kill()
+        left = [seconds_until(lambda m=m: m.metric(members_metric) == 2, 30) for m in (a, b)]
+        assert None not in left, (left, a.log()[-3000:])
+
+        topic = _topic(a.bootstrap, "topic-spread")
+        started = time.monotonic()
+        producers = [GreedyProducer(m.bootstrap, topic, started, client_id=client) for m in (a, b)]
+        for producer in producers:
+            stack.callback(producer.stop, True)
+        time.sleep(RUN_S)
+        for producer in producers:
+            producer.stop()
+        rate = sum(p.result.rate(RUN_S - 20, RUN_S) for p in producers)
+
+        fleet.ports, fleet.dirs = [spare_port], fleet.dirs[3:]
+        (d,) = fleet.start()
+        joined = [seconds_until(lambda m=m: m.metric(members_metric) == 3, 30) for m in (a, b, d)]
+        report(f"group membership: kill -9 of 1 of 3 members seen by the others {left[0]:.1f} s and "
+               f"{left[1]:.1f} s after (session timeout {SESSION_TIMEOUT_MS / 1000:.0f} s); a client over "
+               f"the 2 left: {rate:,.0f} B/s over the last 20 s ({rate / QUOTA:.3f}x {QUOTA:,}); "
+               f"a new member seen by all 3 after {max(j or 0.0 for j in joined):.1f} s")
+        assert max(left) <= SESSION_TIMEOUT_MS / 1000 + 3.0, left  # type: ignore[type-var]
+        assert 0.9 * QUOTA <= rate <= 1.1 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        assert None not in joined and max(joined) <= 10.0, joined  # type: ignore[type-var]
