@@ -40,6 +40,8 @@ POLL_MS = 200
 #: How often the follower asks the cluster for the topic's end, and how long it waits for it.
 LIVENESS_CHECK_S = 1.0
 LIVENESS_TIMEOUT_MS = 2000
+#: How long a change waits for the cluster's acknowledgement (acks=all) before it is refused.
+ALTER_TIMEOUT_S = 5.0
 
 
 class KafkaQuotaError(RuntimeError):
@@ -201,7 +203,7 @@ class KafkaQuotas:
 
     def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
         """Every change validated first, then one record per entity; returns once read back."""
-        from kafka.errors import KafkaError
+        from kafka.errors import KafkaError, KafkaTimeoutError
 
         for entity, ops in changes.items():
             entity_path(entity)
@@ -227,9 +229,15 @@ class KafkaQuotas:
             record = quota_record(entity, values, self._mac_key, int(time.time() * 1000))
             try:
                 metadata = self._producer.send(self.topic, key=record.key, value=record.value,
-                                               headers=list(record.headers)).get(timeout=self._timeout)
+                                               headers=list(record.headers)).get(timeout=ALTER_TIMEOUT_S)
             except KafkaError as exc:
                 done = f" (already stored: {'; '.join(stored)})" if stored else ""
+                if isinstance(exc, KafkaTimeoutError):
+                    # The record may still be in the producer or in a stopped broker's socket: if the
+                    # cluster took it, every member applies it when read, like any record.
+                    why = (f"{self._where} is unreachable (no acknowledgement within {ALTER_TIMEOUT_S:g} s): "
+                           f"quotas for {entity.describe()} not stored{done}; the last quotas stay in force")
+                    raise KafkaQuotaError(why) from exc
                 why = self._explain(f"storing quotas for {entity.describe()}", exc)
                 raise KafkaQuotaError(why + done, denied=_denied(exc)) from exc
             written = max(written, metadata.offset)

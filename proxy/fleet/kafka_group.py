@@ -38,9 +38,11 @@ from .membership import Membership
 
 log = logging.getLogger("kthrottle.fleet.membership")
 
-#: Connect's defaults are 10 s / 3 s; a member killed with -9 leaves within the session timeout.
+#: Connect's session timeout: the coordinator drops a member killed with -9 at most this long after
+#: its last heartbeat. Heartbeats every second (Connect: 3 s), so the others hear of the rebalance,
+#: and have the new list, at most a second after that.
 SESSION_TIMEOUT_MS = 10_000
-HEARTBEAT_INTERVAL_MS = 3_000
+HEARTBEAT_INTERVAL_MS = 1_000
 #: How long a rebalance waits for every member to rejoin (Connect: 60 s); the driver rejoins at once.
 REBALANCE_TIMEOUT_MS = 30_000
 #: How often the driver looks whether the coordinator asked for a rejoin (a member came or went):

@@ -47,7 +47,7 @@ from .test_quotas import _end_offsets, _topic
 pytestmark = pytest.mark.cpu_sensitive
 
 SETTINGS = 'quota_store = "kafka"\nquota_admins = ["User:ANONYMOUS"]'
-QUOTA = 400_000  # bytes per second, through one member
+QUOTA = 1_000_000  # bytes per second over the fleet, as in test_fleet
 RUN_S = 30.0
 SKIPPED = "kthrottle_quota_records_skipped_total"
 
@@ -198,6 +198,7 @@ def test_restarted_members_have_the_quotas_before_serving(kafka_cluster: LocalKa
                 '{"client-id": "kept-1"}': {"producer_byte_rate": 2000.0},
                 '{"client-id": "kept-2"}': {"producer_byte_rate": 3000.0},
                 '{"user": "kept-user"}': {"consumer_byte_rate": 5000.0, "share": 3.0},
+                '{"ip": "127.0.0.9"}': {"connection_creation_rate": 7.0},
             }, shown
         report("quota topic: 3 members stopped and started again: each read the topic's 5 entities before "
                "opening its listener")
@@ -230,7 +231,8 @@ def test_a_forged_record_is_skipped_logged_and_counted(kafka_cluster: LocalKafka
                 '{"client-id": "real"}': {"producer_byte_rate": 1234.0}}
         log = a.log()
         lines = [line for line in log.splitlines() if "skipped a record" in line]
-        report(f"quota topic: forged records skipped: {lines[0].split('skipped a record: ')[-1]}")
+        report("quota topic: forged records skipped: "
+               + "; ".join(line.split("skipped a record: ")[-1] for line in lines))
         assert len(lines) == 2 and all("forged" in line for line in lines), lines
 
 
@@ -289,14 +291,12 @@ def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(tmp_path: Path) 
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
-            refused = None
-            while time.monotonic() - stopped < 10:
-                code, message = _alter_raw(a.bootstrap, "outage", 2000.0)
-                if code != 0:
-                    refused = (time.monotonic() - stopped, code, message)
-                    break
-                time.sleep(0.5)
-            assert refused is not None, "no change was refused while the cluster was stopped"
+            # the members notice within LIVENESS_CHECK_S + LIVENESS_TIMEOUT_MS (3 s); a change sent
+            # before that waits ALTER_TIMEOUT_S for the acknowledgement, then is refused the same way
+            time.sleep(3.5)
+            asked = time.monotonic()
+            code, message = _alter_raw(a.bootstrap, "outage", 2000.0)
+            refused = (asked - stopped, time.monotonic() - asked, code, message)
             time.sleep(max(0.0, stopped + 10 - time.monotonic()))
             kept = [_describe_raw(m.bootstrap, "outage") for m in (a, b)]
             assert kept == [1000.0, 1000.0], kept
@@ -312,9 +312,11 @@ def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(tmp_path: Path) 
             time.sleep(0.5)
         assert accepted is not None, a.log()[-3000:]
         reached = seconds_until(lambda: produce_rate_of(b, "outage") == 3000.0, 10)
-        report(f"quota topic, cluster stopped 10 s: a change refused {refused[0]:.1f} s in ({refused[2]}); "
-               f"accepted {accepted:.1f} s after the cluster resumed, on B {reached} s later")
-        assert refused[1] != 0 and fleet.topic in (refused[2] or "") and "unreachable" in (refused[2] or "")
+        report(f"quota topic, cluster stopped 10 s: a change {refused[0]:.1f} s in refused after "
+               f"{refused[1]:.2f} s ({refused[3]}); accepted {accepted:.1f} s after the cluster resumed, "
+               f"shown through B {reached} s later")
+        code, message = refused[2], refused[3] or ""
+        assert code != 0 and fleet.topic in message and "unreachable" in message, refused
         assert reached is not None and reached <= 1.0
 
 
@@ -323,21 +325,27 @@ def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster:
     """kill -9 of one of three: the others see it leave within the session timeout (plus the
     rebalance), a fleet-wide quota holds for a client spread over the two left, and a new member
     joins within one rebalance."""
-    from proxy.fleet.kafka_group import SESSION_TIMEOUT_MS
+    from proxy.fleet.kafka_group import HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS
 
     client = "topic-spread"
-    members_metric = "kthrottle_fleet_members"
+    # the group's member list (where a member sends), not who was heard from lately
+    peers_metric = "kthrottle_fleet_peer_addresses"
     with ExitStack() as stack:
         fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 4)
         fleet.ports, spare_port = fleet.ports[:3], fleet.ports[3]
         a, b, c = fleet.start()
         for member in (a, b, c):
-            wait_until(lambda m=member: m.metric(members_metric) == 3, 15, "3 members")
+            wait_until(lambda m=member: m.metric(peers_metric) == 2, 15, "3 members")
         spread = [({"client-id": client}, [("producer_byte_rate", float(QUOTA), False)])]
         assert alter(a.bootstrap, spread) == [(0, None)]
         c.kill()
-        left = [seconds_until(lambda m=m: m.metric(members_metric) == 2, 30) for m in (a, b)]
-        assert None not in left, (left, a.log()[-3000:])
+        killed = time.monotonic()
+        # Heard from (the usage exchange, 3 full syncs) and listed (the group, after the coordinator
+        # drops the member at the session timeout and the others rejoin)
+        wait_until(lambda: all(m.metric("kthrottle_fleet_members") == 2 for m in (a, b)), 30, "2 heard from")
+        heard = time.monotonic() - killed
+        wait_until(lambda: all(m.metric(peers_metric) == 1 for m in (a, b)), 30, "2 listed")
+        listed = time.monotonic() - killed
 
         topic = _topic(a.bootstrap, "topic-spread")
         started = time.monotonic()
@@ -350,12 +358,17 @@ def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster:
         rate = sum(p.result.rate(RUN_S - 20, RUN_S) for p in producers)
 
         fleet.ports, fleet.dirs = [spare_port], fleet.dirs[3:]
+        starting = time.monotonic()
         (d,) = fleet.start()
-        joined = [seconds_until(lambda m=m: m.metric(members_metric) == 3, 30) for m in (a, b, d)]
-        report(f"group membership: kill -9 of 1 of 3 members seen by the others {left[0]:.1f} s and "
-               f"{left[1]:.1f} s after (session timeout {SESSION_TIMEOUT_MS / 1000:.0f} s); a client over "
-               f"the 2 left: {rate:,.0f} B/s over the last 20 s ({rate / QUOTA:.3f}x {QUOTA:,}); "
-               f"a new member seen by all 3 after {max(j or 0.0 for j in joined):.1f} s")
-        assert max(left) <= SESSION_TIMEOUT_MS / 1000 + 3.0, left  # type: ignore[type-var]
+        wait_until(lambda: all(m.metric(peers_metric) == 2 for m in (a, b, d)), 30, "the new member listed")
+        joined = time.monotonic() - starting
+        report(f"group membership: kill -9 of 1 of 3 members: no longer heard from by the others after "
+               f"{heard:.1f} s, out of their lists after {listed:.1f} s (session timeout "
+               f"{SESSION_TIMEOUT_MS / 1000:.0f} s, heartbeat {HEARTBEAT_INTERVAL_MS / 1000:.0f} s); "
+               f"a client over the 2 left: {rate:,.0f} B/s over the last 20 s ({rate / QUOTA:.3f}x "
+               f"{QUOTA:,}); a new member started and in all 3 lists after {joined:.1f} s")
+        assert heard <= SESSION_TIMEOUT_MS / 1000, heard
+        # the coordinator drops it within the session timeout; the others rejoin on their next heartbeat
+        assert listed <= (SESSION_TIMEOUT_MS + 2 * HEARTBEAT_INTERVAL_MS) / 1000, listed
         assert 0.9 * QUOTA <= rate <= 1.1 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
-        assert None not in joined and max(joined) <= 10.0, joined  # type: ignore[type-var]
+        assert joined <= SESSION_TIMEOUT_MS / 1000, joined
