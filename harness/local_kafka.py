@@ -160,13 +160,18 @@ class LocalKafka:
         tls: bool = False,
         telemetry: bool = False,
         light_jit: bool = False,
+        authorizer: bool = False,
     ) -> None:
+        """`authorizer`: Kafka's StandardAuthorizer, with the listeners' anonymous principal (brokers,
+        controllers, plaintext clients) and the first SASL user as super users; other SASL users
+        may do nothing an ACL does not grant (a proxy refused by the cluster)."""
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
         self.brokers = brokers
         self.sasl = sasl
         self.tls = tls
         self.telemetry = telemetry
+        self.authorizer = authorizer
         self.heap_mb = heap_mb
         self.jit_flags: tuple[str, ...] = LIGHT_JIT_FLAGS if light_jit else ()
         self._given_workdir = workdir
@@ -400,7 +405,12 @@ class LocalKafka:
         return self._node_dir(node) / "telemetry.tsv"
 
     def _server_properties(self, node: Node) -> str:
-        extra = telemetry.broker_properties(self._telemetry_file(node)) if self.telemetry else None
+        extra: dict[str, str | int] = {}
+        if self.telemetry:
+            extra.update(telemetry.broker_properties(self._telemetry_file(node)))
+        if self.authorizer:
+            extra.update({"authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                          "super.users": f"User:ANONYMOUS;User:{next(iter(SASL_USERS))}"})
         return server_properties(node, self._nodes, self._node_dir(node),
                                  certificates=self.certificates if self.tls else None, extra=extra)
 

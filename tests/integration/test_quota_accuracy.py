@@ -18,10 +18,9 @@ from pathlib import Path
 from statistics import linear_regression
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
 from harness.local_kafka import SASL_USERS
-from tests.integration.clients import PARTITIONS
 from tests.integration.conftest import JAVA_PRODUCER_PERF, KafkaJava
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import RunResult, consume_for, produce_for, report
@@ -33,6 +32,7 @@ from tests.integration.test_quotas import (
     _fill,
     _sasl,
     _topic,
+    end_offset_sum,
 )
 
 #: Rate accuracy against Kafka's formula: clients at full speed must not wait for the CPU.
@@ -125,8 +125,7 @@ def test_producer_byte_rate_on_user_sasl_java(sasl_quota_proxy: QuotaProxy, kafk
             while not stop.is_set():
                 asked = time.monotonic()
                 try:
-                    count = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                                for p in range(PARTITIONS))
+                    count = end_offset_sum(consumer, topic)
                 except KafkaException as exc:  # a new topic's leaders settling: no sample this second
                     print(f"end offsets not read this second: {exc}")
                 else:

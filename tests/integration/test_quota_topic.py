@@ -14,6 +14,8 @@ import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -31,13 +33,14 @@ from kafka.protocol.admin.client_quotas import (
 )
 
 from cli.quotas import alter, describe
-from harness.local_kafka import TEST_HEAP_MB, LocalKafka
+from harness.local_kafka import SASL_USERS, TEST_HEAP_MB, LocalKafka
 from harness.ports import free_udp_port
 from protocol.frames import frame
 from protocol.headers import encode_request_header
 
 from .clients import wait_until
 from .conftest import KafkaJava
+from .proxies import REPO, free_port_block
 from .quota_runs import report
 from .test_fleet import GreedyProducer, Member
 from .test_quota_admin import configs
@@ -56,9 +59,12 @@ class KafkaFleet:
     """Members with `quota_store = "kafka"` and `membership = "kafka"`, each in a directory of its
     own; started again on the same UDP ports."""
 
-    def __init__(self, stack: ExitStack, bootstrap: str, root: Path, count: int) -> None:
+    def __init__(self, stack: ExitStack, bootstrap: str, root: Path, count: int, *, settings: str = SETTINGS,
+                 plane: str = "", upstream_tls: str = "") -> None:
+        """`plane`: more `[control_plane]` lines; `upstream_tls`: an `[upstream_tls]` table."""
         self.stack = stack
         self.bootstrap = bootstrap
+        self.settings, self.plane, self.upstream_tls = settings, plane, upstream_tls
         self.topic = f"__kthrottle_quotas-{uuid.uuid4().hex[:8]}"
         self.name = f"topic-fleet-{uuid.uuid4().hex[:8]}"  # its group: kthrottle-fleet.<name>
         self.ports = [free_udp_port() for _ in range(count)]
@@ -71,9 +77,10 @@ class KafkaFleet:
 
     def start(self) -> list[Member]:
         def one(index: int) -> Member:
-            plane = f'[control_plane]\nquota_topic = "{self.topic}"\n'
+            plane = f'[control_plane]\nquota_topic = "{self.topic}"\n{self.plane}\n'
             return Member(self.bootstrap, self.dirs[index], plane, udp_port=self.ports[index],
-                          fleet='membership = "kafka"', name=self.name, settings=SETTINGS)
+                          fleet='membership = "kafka"', name=self.name, settings=self.settings,
+                          upstream_tls=self.upstream_tls)
 
         with ThreadPoolExecutor(len(self.ports)) as pool:
             self.members = list(pool.map(one, range(len(self.ports))))
@@ -124,6 +131,25 @@ def topic_records(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None,
         consumer.close()
 
 
+def topic_layout(bootstrap: str, topic: str) -> tuple[int, int, dict[str, str]]:
+    """(partitions, replicas of partition 0, the configs set on it) of a topic, from the brokers."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
+    try:
+        (described,) = admin.describe_topics([topic])
+        configs: dict[str, str] = {}
+        for response in admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]):
+            for resource in response.resources:
+                for entry in resource[4]:
+                    configs[entry[0]] = entry[1]
+    finally:
+        admin.close()
+    partitions = described["partitions"]
+    return len(partitions), len(partitions[0]["replicas"]), configs
+
+
 def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: LocalKafka,
                                                                kafka_java: KafkaJava, tmp_path: Path) -> None:
     """kafka-configs through A; a describe through B and C shows it within 1 s; a producer through C
@@ -166,12 +192,69 @@ def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: Lo
         assert c.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
                         client_id=client) > 0
 
+        partitions, replicas, topic_configs = topic_layout(kafka_cluster.bootstrap, fleet.topic)
+        assert (partitions, replicas) == (1, 3), (partitions, replicas)
+        assert topic_configs["cleanup.policy"] == "compact" and topic_configs["min.insync.replicas"] == "2"
         records = topic_records(kafka_cluster.bootstrap, fleet.topic)
         latest = {key: value for key, value, _ in records}
         assert latest[f"clients/{client}".encode()] is not None
         assert json.loads(latest[f"clients/{client}".encode()] or b"") == {
             "version": 1, "config": {"producer_byte_rate": str(QUOTA)}}, latest
         assert all("kthrottle-mac" in headers for _, _, headers in records)
+
+
+def test_over_sasl_ssl_with_the_proxys_own_login(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """In front of the SASL_SSL listener: the members reach the topic and the group with
+    [control_plane]'s SCRAM login over [upstream_tls]; an admin authenticated by the brokers
+    changes a quota through one, and the other enforces it."""
+    assert kafka_cluster.sasl_ssl_bootstrap and kafka_cluster.certificates is not None
+    tls = f'[upstream_tls]\nca = "{kafka_cluster.certificates.ca}"\n\n'
+    plane = ('sasl_mechanism = "SCRAM-SHA-512"\nsasl_username = "admin"\n'
+             f'sasl_password = "{SASL_USERS["admin"]}"')
+    login = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": "admin",
+             "sasl_plain_password": SASL_USERS["admin"]}
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.sasl_ssl_bootstrap, tmp_path, 2, plane=plane,
+                           upstream_tls=tls, settings='quota_store = "kafka"\nquota_admins = ["User:admin"]')
+        a, b = fleet.start()
+        for member in (a, b):
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_peer_addresses") == 1, 15,
+                       "2 members listed")
+        entry = [({"client-id": "over-tls"}, [("producer_byte_rate", 4321.0, False)])]
+        assert alter(a.bootstrap, entry, **login) == [(0, None)]
+        shown = seconds_until(lambda: any(v.get("producer_byte_rate") == 4321.0 for e, v in
+                                          describe(b.bootstrap, client_id="over-tls", **login)), 10)
+        report(f"quota topic over SASL_SSL with the proxy's SCRAM login: a change through A shown through "
+               f"B {shown} s after")
+        assert shown is not None and shown <= 1.0, shown
+        refused = alter(a.bootstrap, entry, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                        sasl_plain_username="alice", sasl_plain_password=SASL_USERS["alice"])
+        assert refused[0][0] == 31, refused  # CLUSTER_AUTHORIZATION_FAILED: alice is no quota admin
+
+
+def test_two_admins_changing_one_entity_at_once_end_with_one_value(kafka_cluster: LocalKafka,
+                                                                   tmp_path: Path) -> None:
+    """Admins on two members set one entity's quota at the same moment, 20 times: the topic's order
+    decides, and every member ends with the value of the entity's last record."""
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 3)
+        members = fleet.start()
+        with Pool(2) as pool:
+            for round_ in range(20):
+                answers = list(pool.map(
+                    lambda m, v: alter(m.bootstrap, [({"client-id": "raced"},
+                                                      [("producer_byte_rate", v, False)])]),
+                    members[:2], [1000.0 + round_, 2000.0 + round_]))
+                assert answers == [[(0, None)], [(0, None)]], answers
+        last = json.loads([v for k, v, _ in topic_records(kafka_cluster.bootstrap, fleet.topic)
+                           if k == b"clients/raced"][-1] or b"")["config"]["producer_byte_rate"]
+        wait_until(lambda: {produce_rate_of(m, "raced") for m in members} == {float(last)}, 5,
+                   f"every member at the last record's value {last}")
+        winners = {produce_rate_of(m, "raced") for m in members}
+        report(f"quota topic: 2 admins on 2 members changing one entity at once, 20 times: all 3 members "
+               f"end at {winners}, the last record's value")
 
 
 def test_restarted_members_have_the_quotas_before_serving(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
@@ -372,3 +455,25 @@ def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster:
         assert listed <= (SESSION_TIMEOUT_MS + 2 * HEARTBEAT_INTERVAL_MS) / 1000, listed
         assert 0.9 * QUOTA <= rate <= 1.1 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
         assert joined <= SESSION_TIMEOUT_MS / 1000, joined
+
+
+def test_a_principal_the_cluster_refuses_stops_the_proxy_with_the_acls_it_needs(tmp_path: Path) -> None:
+    """Against a cluster with Kafka's StandardAuthorizer, a proxy logging in as a user without ACLs
+    exits at start with one line naming the topic and the ACLs, instead of serving without quotas."""
+    with LocalKafka(brokers=1, sasl=True, heap_mb=TEST_HEAP_MB, light_jit=True, authorizer=True) as cluster:
+        assert cluster.sasl_bootstrap is not None
+        secret = tmp_path / "fleet.secret"
+        secret.write_text(os.urandom(32).hex())
+        config = tmp_path / "kthrottle.toml"
+        config.write_text(
+            '[proxy]\nquota_store = "kafka"\n\n'
+            f'[fleet]\nlisten = "127.0.0.1:{free_udp_port()}"\nsecret_file = "{secret}"\nname = "acl"\n\n'
+            '[control_plane]\nquota_topic = "__kthrottle_quotas_acl"\nsasl_mechanism = "PLAIN"\n'
+            f'sasl_username = "alice"\nsasl_password = "{SASL_USERS["alice"]}"\n')
+        done = subprocess.run([sys.executable, "-m", "cli", "run", "--upstream", cluster.sasl_bootstrap,
+                               "--listen", f"127.0.0.1:{free_port_block(11)}", "--config", str(config)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stderr.splitlines() if "__kthrottle_quotas_acl" in line]
+    report(f"quota topic, a principal without ACLs: exit {done.returncode}: {errors[-1] if errors else '?'}")
+    assert done.returncode != 0 and "bootstrap.servers=" not in done.stdout, done.stdout + done.stderr
+    assert errors and "Authorization" in errors[-1] and "Topic READ, WRITE" in errors[-1], done.stderr[-3000:]

@@ -43,10 +43,15 @@ def _topic(bootstrap: str, prefix: str, **config: object) -> str:
 def _end_offsets(bootstrap: str, topic: str, **config: object) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "offsets", **config})
     try:
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                   for p in range(PARTITIONS))
+        return end_offset_sum(consumer, topic)
     finally:
         consumer.close()
+
+
+def end_offset_sum(consumer: Consumer, topic: str) -> int:
+    """The records in the test topic's partitions, through an open consumer (ListOffsets)."""
+    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+               for p in range(PARTITIONS))
 
 
 def _assert_rate(result: RunResult, quota: float, what: str) -> float:

@@ -81,7 +81,7 @@ def choose_way() -> Way:
         priority = CpuPriority.create()
     except (OSError, RuntimeError) as exc:
         return RoomWay(_room_directory(), why=str(exc))
-    return PriorityWay(priority, RoomWay(_room_directory(), why=""))
+    return PriorityWay(priority, RoomWay(_room_directory()))
 
 
 def guard_for(worker_input: dict[str, object], worker: str) -> Guard:

@@ -32,7 +32,7 @@ class _Knob:
 
     @property
     def highest(self) -> str:
-        return self.weights[Need.QUIET]
+        return self.weights[Need.ALONE]
 
 
 _V1 = _Knob("cpu.shares", ("1024", "16384", "262144", "262144"))

@@ -107,11 +107,12 @@ class Room:
 
 
 class RoomWay:
-    """The controller's side (a ``Way``): the run's lock directory, and why there is no cgroup."""
+    """The controller's side (a ``Way``): the run's lock directory, and why there is no cgroup
+    (None when a cgroup gives the CPU and the room only keeps the tests marked alone apart)."""
 
     INPUT_KEY = "kthrottle_quiet_room"
 
-    def __init__(self, directory: Path, why: str) -> None:
+    def __init__(self, directory: Path, why: str | None = None) -> None:
         self.directory = directory
         self.why = why
 
