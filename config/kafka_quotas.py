@@ -47,15 +47,20 @@ ALTER_TIMEOUT_S = 5.0
 class KafkaQuotaError(RuntimeError):
     """The quota topic could not be made, read or written; the message names the topic and what to do.
 
-    `denied`: the cluster refused this principal (an ACL), rather than being out of reach."""
+    `fatal`: waiting will not help (the cluster refused this principal, or the topic is not one
+    a quota store can live in), as opposed to a cluster out of reach."""
 
-    def __init__(self, message: str, *, denied: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
-        self.denied = denied
+        self.fatal = fatal
 
 
 class KafkaQuotas:
     """The quota store of ``[proxy] quota_store = "kafka"`` (``proxy.admin.quota_admin.QuotaStore``)."""
+
+    #: `alter` returns once its records are read back and the table handed on, in the topic's
+    #: order: the admin service applying the change itself could overtake a later record
+    applies_own_changes = True
 
     def __init__(self, client_configs: Mapping[str, Any], secret: bytes, *, topic: str = DEFAULT_TOPIC,
                  on_change: Callable[[QuotaTable], None], on_refused: Callable[[Refused], None] | None = None,
@@ -85,7 +90,7 @@ class KafkaQuotas:
         """Topic checked or created, read to its end, the table delivered; then followed on a thread.
 
         Raises KafkaQuotaError (the store is left closed, and may be started again) when the topic
-        cannot be made or read; `.denied` tells an ACL refusal from an unreachable cluster."""
+        cannot be made or read; `.fatal` tells a refusal or a wrong topic from an unreachable cluster."""
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
         from kafka.errors import KafkaError
 
@@ -106,7 +111,7 @@ class KafkaQuotas:
             self._close_clients()
             if isinstance(exc, KafkaQuotaError):
                 raise
-            raise KafkaQuotaError(self._explain("reading", exc), denied=_denied(exc)) from exc
+            raise KafkaQuotaError(self._explain("reading", exc), fatal=_denied(exc)) from exc
         self.reachable = True
         self._deliver()
         log.info("quotas live in %s: %d entities read up to offset %d", self._where,
@@ -194,8 +199,13 @@ class KafkaQuotas:
                 self._stopping.wait(0.5)
 
     def _deliver(self) -> None:
-        table = self.current()
-        if table != self._delivered:
+        """Hand the table on if it changed. Under the lock, so the tables reach `on_change` (and,
+        through `call_soon_threadsafe`, the event loop) in the order they were read, whichever of
+        the follower and an `alter` gets here first."""
+        with self._lock:
+            table = self._log.table()
+            if table == self._delivered:
+                return
             self._delivered = table
             self._on_change(table)
 
@@ -239,7 +249,7 @@ class KafkaQuotas:
                            f"quotas for {entity.describe()} not stored{done}; the last quotas stay in force")
                     raise KafkaQuotaError(why) from exc
                 why = self._explain(f"storing quotas for {entity.describe()}", exc)
-                raise KafkaQuotaError(why + done, denied=_denied(exc)) from exc
+                raise KafkaQuotaError(why + done, fatal=_denied(exc)) from exc
             written = max(written, metadata.offset)
             stored.append(entity.describe())
         deadline = time.monotonic() + self._timeout
@@ -274,12 +284,18 @@ class KafkaQuotas:
                              replication)
                 except TopicAlreadyExistsError:
                     pass  # another member made it first
-            described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, self.topic,
-                                                               ["cleanup.policy"])])
-            policy = _config_value(described, "cleanup.policy")
-            if policy is not None and policy != "compact":
-                raise KafkaQuotaError(f"{self._where}: cleanup.policy is {policy!r}; the quota topic must be "
-                                      "compacted (cleanup.policy=compact), or records would expire")
+            (topic,) = admin.describe_topics([self.topic])
+            partitions = len(topic["partitions"])
+            if partitions != 1:
+                raise KafkaQuotaError(f"{self._where}: it has {partitions} partitions; the quota topic must "
+                                      "have one, so that every member reads one order", fatal=True)
+            described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, self.topic)],
+                                               config_filter="all")
+            policy = _config_value(described, self.topic, "cleanup.policy")
+            if policy != "compact":
+                raise KafkaQuotaError(f"{self._where}: cleanup.policy is {policy!r}; the quota topic must "
+                                      "be compacted (cleanup.policy=compact), or records would expire",
+                                      fatal=True)
         finally:
             admin.close()
 
@@ -287,8 +303,8 @@ class KafkaQuotas:
         name = type(exc).__name__
         if _denied(exc):
             return (f"{doing} {self._where}: {name}: this principal needs Topic READ, WRITE, DESCRIBE "
-                    f"and DESCRIBE_CONFIGS on {self.topic} (and CREATE on the cluster, or the topic made "
-                    "beforehand)")
+                    f"and DESCRIBE_CONFIGS on {self.topic} (and CREATE on it or on the cluster, or the topic "
+                    "made beforehand)")
         return f"{doing} {self._where} failed: {exc!r}"
 
 
@@ -297,13 +313,9 @@ def _denied(exc: Exception) -> bool:
     return "Authorization" in type(exc).__name__
 
 
-def _config_value(described: Any, name: str) -> str | None:
-    """A config's value from kafka-python's DescribeConfigs answer, whatever shape this version gives."""
-    for response in described if isinstance(described, list) else [described]:
-        for resource in getattr(response, "resources", []):
-            for entry in resource[4] if isinstance(resource, tuple) else getattr(resource, "configs", []):
-                entry_name = entry[0] if isinstance(entry, tuple) else getattr(entry, "name", None)
-                if entry_name == name:
-                    value = entry[1] if isinstance(entry, tuple) else getattr(entry, "value", None)
-                    return str(value) if value is not None else None
-    return None
+def _config_value(described: Any, topic: str, name: str) -> str | None:
+    """A topic config's value from kafka-python's DescribeConfigs answer:
+    {resource type: {resource name: {config name: {"value": ...}}}}."""
+    entry = described.get("topic", {}).get(topic, {}).get(name)
+    value = entry.get("value") if isinstance(entry, dict) else None
+    return str(value) if value is not None else None

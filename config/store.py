@@ -87,6 +87,9 @@ def render(table: QuotaTable, header: str = "") -> str:
 class FileQuotaStore:
     """The quota file and its admin file; `on_change` gets every new effective table."""
 
+    #: the admin service applies a change at once; the file's reload confirms it
+    applies_own_changes = False
+
     def __init__(self, quota_file: Path, on_change: Callable[[QuotaTable], None],
                  admin_file: Path | None = None,
                  on_partition_throttles: Callable[[list[PartitionThrottle]], None] | None = None) -> None:

@@ -124,6 +124,9 @@ class ZooKeeperQuotas:
     the entity, key and value); a node that disappears takes its entity out of the table.
     """
 
+    #: the admin service applies a change at once; the watch confirms it
+    applies_own_changes = False
+
     def __init__(
         self,
         hosts: str,

@@ -62,7 +62,7 @@ async def open_kafka_quotas(settings: ProxySettings, server: ProxyServer,
         await loop.run_in_executor(None, store.start)
         return store
     except KafkaQuotaError as exc:
-        if exc.denied:
+        if exc.fatal:
             raise SettingsError(str(exc)) from exc
         log.warning("%s; serving with the %d quota entit%s of the file until the topic can be read",
                     exc, len(from_file), "y" if len(from_file) == 1 else "ies")

@@ -40,6 +40,10 @@ log = logging.getLogger("kthrottle.admin")
 class QuotaStore(Protocol):
     """A place quotas live: the quota file (config.store) or ZooKeeper (config.zookeeper)."""
 
+    #: whether `alter` hands the new table on itself, in the store's own order (else the admin
+    #: service applies the change at once and the store's notification confirms it later)
+    applies_own_changes: bool
+
     def current(self) -> QuotaTable: ...
 
     def alter(self, changes: Changes) -> None: ...
@@ -110,8 +114,9 @@ class QuotaAdminService:
                 message = f"quotas not stored: {exc}"
                 return [AlterResult(r.entity, UNKNOWN_SERVER_ERROR, message) if r.error_code == NONE else r
                         for r in plan.results]
-            # Live at once on this proxy; the store's own notification confirms it later.
-            self._apply(apply_changes(self._in_force(), plan.changes))
+            if not store.applies_own_changes:
+                # Live at once on this proxy; the store's own notification confirms it later.
+                self._apply(apply_changes(self._in_force(), plan.changes))
         log.info("AlterClientQuotas from User:%s applied: %s", request.principal,
                  "; ".join(f"{e.describe()}: " + ", ".join(
                      f"{t.value}={'removed' if v is None else v}" for t, v in ops.items())

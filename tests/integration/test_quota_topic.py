@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -53,6 +53,15 @@ SETTINGS = 'quota_store = "kafka"\nquota_admins = ["User:ANONYMOUS"]'
 QUOTA = 1_000_000  # bytes per second over the fleet, as in test_fleet
 RUN_S = 30.0
 SKIPPED = "kthrottle_quota_records_skipped_total"
+
+
+@pytest.fixture(scope="module")
+def lone_cluster() -> Iterator[LocalKafka]:
+    """A one-broker cluster of this module's own, to stop (SIGSTOP) without touching the worker's
+    shared one; with Kafka's StandardAuthorizer, for a principal it refuses (plaintext clients are
+    super users there)."""
+    with LocalKafka(brokers=1, sasl=True, heap_mb=TEST_HEAP_MB, light_jit=True, authorizer=True) as cluster:
+        yield cluster
 
 
 class KafkaFleet:
@@ -139,15 +148,12 @@ def topic_layout(bootstrap: str, topic: str) -> tuple[int, int, dict[str, str]]:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
     try:
         (described,) = admin.describe_topics([topic])
-        configs: dict[str, str] = {}
-        for response in admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]):
-            for resource in response.resources:
-                for entry in resource[4]:
-                    configs[entry[0]] = entry[1]
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])  # those set
+        configs = {name: str(entry["value"]) for name, entry in found["topic"][topic].items()}
     finally:
         admin.close()
     partitions = described["partitions"]
-    return len(partitions), len(partitions[0]["replicas"]), configs
+    return len(partitions), len(partitions[0]["replica_nodes"]), configs
 
 
 def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: LocalKafka,
@@ -234,15 +240,16 @@ def test_over_sasl_ssl_with_the_proxys_own_login(kafka_cluster: LocalKafka, tmp_
 
 def test_two_admins_changing_one_entity_at_once_end_with_one_value(kafka_cluster: LocalKafka,
                                                                    tmp_path: Path) -> None:
-    """Admins on two members set one entity's quota at the same moment, 20 times: the topic's order
+    """Admins on two members set one entity's quota at the same moment, 10 times: the topic's order
     decides, and every member ends with the value of the entity's last record."""
     from concurrent.futures import ThreadPoolExecutor as Pool
 
+    rounds = 10
     with ExitStack() as stack:
         fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 3)
         members = fleet.start()
         with Pool(2) as pool:
-            for round_ in range(20):
+            for round_ in range(rounds):
                 answers = list(pool.map(
                     lambda m, v: alter(m.bootstrap, [({"client-id": "raced"},
                                                       [("producer_byte_rate", v, False)])]),
@@ -253,8 +260,8 @@ def test_two_admins_changing_one_entity_at_once_end_with_one_value(kafka_cluster
         wait_until(lambda: {produce_rate_of(m, "raced") for m in members} == {float(last)}, 5,
                    f"every member at the last record's value {last}")
         winners = {produce_rate_of(m, "raced") for m in members}
-        report(f"quota topic: 2 admins on 2 members changing one entity at once, 20 times: all 3 members "
-               f"end at {winners}, the last record's value")
+        report(f"quota topic: 2 admins on 2 members changing one entity at once, {rounds} times: all 3 "
+               f"members end at {winners}, the last record's value")
 
 
 def test_restarted_members_have_the_quotas_before_serving(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
@@ -361,10 +368,12 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(tmp_path: Path) -> None:
+def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(lone_cluster: LocalKafka,
+                                                                tmp_path: Path) -> None:
     """The whole cluster stopped (SIGSTOP) for 10 s: the members keep the quotas, a change is refused
     with an error naming the topic, and after SIGCONT a change is accepted and reaches both."""
-    with LocalKafka(brokers=1, heap_mb=TEST_HEAP_MB, light_jit=True) as cluster, ExitStack() as stack:
+    cluster = lone_cluster
+    with ExitStack() as stack:
         fleet = KafkaFleet(stack, cluster.bootstrap, tmp_path, 2)
         a, b = fleet.start()
         assert _alter_raw(a.bootstrap, "outage", 1000.0) == (0, None)
@@ -457,23 +466,44 @@ def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster:
         assert joined <= SESSION_TIMEOUT_MS / 1000, joined
 
 
-def test_a_principal_the_cluster_refuses_stops_the_proxy_with_the_acls_it_needs(tmp_path: Path) -> None:
+def run_refused(upstream: str, tmp_path: Path, plane: str) -> subprocess.CompletedProcess[str]:
+    """`kthrottle run` with the quota topic that is expected to refuse to start: its exit and output."""
+    secret = tmp_path / "fleet.secret"
+    secret.write_text(os.urandom(32).hex())
+    config = tmp_path / "kthrottle.toml"
+    config.write_text(f'[proxy]\nquota_store = "kafka"\n\n[fleet]\nlisten = "127.0.0.1:{free_udp_port()}"\n'
+                      f'secret_file = "{secret}"\nname = "refused"\n\n[control_plane]\n{plane}\n')
+    done = subprocess.run([sys.executable, "-m", "cli", "run", "--upstream", upstream,
+                           "--listen", f"127.0.0.1:{free_port_block(11)}", "--config", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "bootstrap.servers=" not in done.stdout, done.stdout + done.stderr
+    return done
+
+
+def test_a_principal_the_cluster_refuses_stops_the_proxy_with_the_acls_it_needs(lone_cluster: LocalKafka,
+                                                                                tmp_path: Path) -> None:
     """Against a cluster with Kafka's StandardAuthorizer, a proxy logging in as a user without ACLs
     exits at start with one line naming the topic and the ACLs, instead of serving without quotas."""
-    with LocalKafka(brokers=1, sasl=True, heap_mb=TEST_HEAP_MB, light_jit=True, authorizer=True) as cluster:
-        assert cluster.sasl_bootstrap is not None
-        secret = tmp_path / "fleet.secret"
-        secret.write_text(os.urandom(32).hex())
-        config = tmp_path / "kthrottle.toml"
-        config.write_text(
-            '[proxy]\nquota_store = "kafka"\n\n'
-            f'[fleet]\nlisten = "127.0.0.1:{free_udp_port()}"\nsecret_file = "{secret}"\nname = "acl"\n\n'
-            '[control_plane]\nquota_topic = "__kthrottle_quotas_acl"\nsasl_mechanism = "PLAIN"\n'
-            f'sasl_username = "alice"\nsasl_password = "{SASL_USERS["alice"]}"\n')
-        done = subprocess.run([sys.executable, "-m", "cli", "run", "--upstream", cluster.sasl_bootstrap,
-                               "--listen", f"127.0.0.1:{free_port_block(11)}", "--config", str(config)],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert lone_cluster.sasl_bootstrap is not None
+    done = run_refused(lone_cluster.sasl_bootstrap, tmp_path,
+                       'quota_topic = "__kthrottle_quotas_acl"\nsasl_mechanism = "PLAIN"\n'
+                       f'sasl_username = "alice"\nsasl_password = "{SASL_USERS["alice"]}"')
     errors = [line for line in done.stderr.splitlines() if "__kthrottle_quotas_acl" in line]
     report(f"quota topic, a principal without ACLs: exit {done.returncode}: {errors[-1] if errors else '?'}")
-    assert done.returncode != 0 and "bootstrap.servers=" not in done.stdout, done.stdout + done.stderr
     assert errors and "Authorization" in errors[-1] and "Topic READ, WRITE" in errors[-1], done.stderr[-3000:]
+
+
+def test_a_topic_that_is_not_compacted_is_refused(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
+    """A quota topic made beforehand with cleanup.policy=delete would lose quotas to retention: the
+    proxy refuses to start on it, naming the topic and the setting."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    topic = f"__kthrottle_quotas-delete-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.bootstrap.split(","))
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "delete"})])
+    finally:
+        admin.close()
+    done = run_refused(kafka_cluster.bootstrap, tmp_path, f'quota_topic = "{topic}"')
+    assert topic in done.stderr and "cleanup.policy is 'delete'" in done.stderr, done.stderr[-3000:]
