@@ -52,39 +52,41 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
 QUOTA_FILE_POLL_SECONDS = 0.5
 
 
+def _read_quota_file(settings: ProxySettings, server: ProxyServer) -> QuotaTable:
+    """The file's [[quota]] tables, for a store that keeps quotas elsewhere; its partition throttles
+    (not client quotas: they stay in the file) are applied, read at start."""
+    from config.partition_throttles import load_partition_throttles
+    from config.quotas import QuotaConfigError, load_quota_file
+
+    if settings.quota_file is None:
+        return {}
+    try:
+        in_file = load_quota_file(settings.quota_file)
+        server.partition_throttles.set_throttles(load_partition_throttles(settings.quota_file))
+    except QuotaConfigError as exc:
+        raise SettingsError(str(exc)) from exc
+    return in_file
+
+
 async def _open_quota_store(settings: ProxySettings, server: ProxyServer) -> QuotaStore | None:
     """The quota topic, ZooKeeper or the quota file (and its admin file), as proxy.quota_store says;
     none without a config file."""
-    from config.partition_throttles import load_partition_throttles
-    from config.quotas import QuotaConfigError, load_quota_file
+    from config.quotas import QuotaConfigError
     from config.store import FileQuotaStore
 
     loop = asyncio.get_running_loop()
     if settings.quota_store == "kafka":
         from proxy.admin.kafka_store import open_kafka_quotas
 
-        from_file: QuotaTable = {}
-        if settings.quota_file is not None:
-            try:
-                from_file = load_quota_file(settings.quota_file)
-                server.partition_throttles.set_throttles(load_partition_throttles(settings.quota_file))
-            except QuotaConfigError as exc:
-                raise SettingsError(str(exc)) from exc
-        return await open_kafka_quotas(settings, server, from_file)
+        # the file's quotas serve only while the topic cannot be read at start
+        return await open_kafka_quotas(settings, server, _read_quota_file(settings, server))
     if settings.zookeeper:
         from config.zookeeper import ZooKeeperQuotaError, ZooKeeperQuotas
 
-        if settings.quota_file is not None:
-            try:
-                in_file = load_quota_file(settings.quota_file)
-                # partition throttles are not client quotas: they stay in the file (read at start)
-                server.partition_throttles.set_throttles(load_partition_throttles(settings.quota_file))
-            except QuotaConfigError as exc:
-                raise SettingsError(str(exc)) from exc
-            if in_file:
-                raise SettingsError(
-                    f"{settings.quota_file} has [[quota]] tables, but proxy.zookeeper is set, so quotas live "
-                    "in ZooKeeper: set them there (kafka-configs or kthrottle quotas) and remove the tables")
+        if _read_quota_file(settings, server):
+            raise SettingsError(
+                f"{settings.quota_file} has [[quota]] tables, but proxy.zookeeper is set, so quotas live "
+                "in ZooKeeper: set them there (kafka-configs or kthrottle quotas) and remove the tables")
 
         def from_zookeeper(table: QuotaTable) -> None:  # called on kazoo's thread
             loop.call_soon_threadsafe(_apply_from_zookeeper, server, table)

@@ -40,6 +40,7 @@ from protocol.headers import encode_request_header
 
 from .clients import wait_until
 from .conftest import KafkaJava
+from .fuzz import _read_frame
 from .proxies import REPO, free_port_block
 from .quota_runs import report
 from .test_fleet import GreedyProducer, Member
@@ -332,8 +333,7 @@ def _raw(bootstrap: str, api_key: int, request: Any) -> bytes:
     host, port = bootstrap.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(frame(encode_request_header(api_key, 0, 7, "raw-admin") + bytes(request.encode())))
-        size = struct.unpack(">i", _exactly(sock, 4))[0]
-        return _exactly(sock, size)[4:]  # after the correlation id
+        return _read_frame(sock)[4:]  # after the correlation id
 
 
 def _alter_raw(bootstrap: str, client_id: str, rate: float) -> tuple[int, str | None]:
@@ -356,16 +356,6 @@ def _describe_raw(bootstrap: str, client_id: str) -> float | None:
             if value.key == "producer_byte_rate":
                 return float(value.value)
     return None
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
 
 
 def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(lone_cluster: LocalKafka,
