@@ -47,8 +47,9 @@ from .test_fleet import GreedyProducer, Member
 from .test_quota_admin import configs
 from .test_quotas import _end_offsets, _topic
 
-#: three members and a greedy producer must offer more than the quota
-pytestmark = pytest.mark.cpu_sensitive
+#: The two tests that measure a producer's rate against the quota are `quiet` (tests/quiet/): they
+#: run one at a time at the highest CPU weight, and the rest of the module adds little load beside
+#: the other workers' rate tests.
 
 SETTINGS = 'quota_store = "kafka"\nquota_admins = ["User:ANONYMOUS"]'
 QUOTA = 1_000_000  # bytes per second over the fleet, as in test_fleet
@@ -157,6 +158,7 @@ def topic_layout(bootstrap: str, topic: str) -> tuple[int, int, dict[str, str]]:
     return len(partitions), len(partitions[0]["replica_nodes"]), configs
 
 
+@pytest.mark.quiet
 def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: LocalKafka,
                                                                kafka_java: KafkaJava, tmp_path: Path) -> None:
     """kafka-configs through A; a describe through B and C shows it within 1 s; a producer through C
@@ -175,8 +177,8 @@ def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: Lo
         assert alter(a.bootstrap, [({"client-id": client}, [("producer_byte_rate", 2 * QUOTA, False)])]) == [
             (0, None)]
         timed = [seconds_until(lambda m=m: produce_rate_of(m, client) == 2 * QUOTA, 10) for m in (b, c)]
-        configs(kafka_java, a.bootstrap, "--alter", "--add-config", f"producer_byte_rate={QUOTA}",
-                "--entity-type", "clients", "--entity-name", client)
+        assert alter(a.bootstrap, [({"client-id": client}, [("producer_byte_rate", QUOTA, False)])]) == [
+            (0, None)]
         wait_until(lambda: all(produce_rate_of(m, client) == QUOTA for m in (a, b, c)), 5, "the quota back")
         report(f"quota topic, 3 members: kafka-configs --alter through A shown by a describe through B and C "
                f"{shown[0]:.2f} s and {shown[1]:.2f} s after the tool returned; kthrottle quotas through A "
@@ -402,6 +404,7 @@ def test_a_stopped_cluster_keeps_the_quotas_and_refuses_changes(lone_cluster: Lo
         assert reached is not None and reached <= 1.0
 
 
+@pytest.mark.quiet
 def test_a_member_killed_leaves_and_the_quota_holds_over_the_rest(kafka_cluster: LocalKafka,
                                                                  tmp_path: Path) -> None:
     """kill -9 of one of three: the others see it leave within the session timeout (plus the
