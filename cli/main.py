@@ -308,6 +308,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    from cli.capacity import run_command
+    from proxy.fleet.workers import SETTINGS_ERROR_EXIT
+
+    try:
+        return run_command(args)
+    except SettingsError as exc:
+        _fatal(exc)
+        return SETTINGS_ERROR_EXIT
+
+
 def _cmd_quotas(args: argparse.Namespace) -> int:
     from cli.quotas import run_command
 
@@ -386,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "delete":
             action.add_argument("keys", nargs="*", metavar="KEY")
     quotas.set_defaults(func=_cmd_quotas)
+
+    capacity = sub.add_parser("capacity", help="describe, set or delete the fleet's cluster capacity in the "
+                                               "quota topic (with a member's config file)")
+    from cli.capacity import add_arguments as add_capacity_arguments
+
+    add_capacity_arguments(capacity)
+    capacity.set_defaults(func=_cmd_capacity)
 
     top = sub.add_parser("top", help="live terminal view of running proxies: tenants by rate against "
                                      "their quotas, throttle time, muted connections")

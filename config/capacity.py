@@ -14,8 +14,9 @@ increase_step = 0.05             # additive increase per healthy tick
 
 Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
 throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` quota
-key. Read at start; every value is checked and an error names the key and the value. The
-reference is docs/protecting-the-cluster.md.
+key. Read at start; with the quota topic the fleet's capacity can also be set there while it runs
+(`kthrottle capacity`, kept in the config form: `capacity_from_config_form`). Every value is
+checked and an error names the key and the value. The reference is docs/protecting-the-cluster.md.
 """
 
 from __future__ import annotations
@@ -56,4 +57,22 @@ def parse_capacity_table(table: object) -> CapacityConfig:
         raise SettingsError(str(exc)) from exc
 
 
-__all__ = ["parse_capacity_table"]
+def capacity_from_config_form(values: Mapping[str, str]) -> CapacityConfig:
+    """The capacity kept in a quota store (Kafka's config form: every value a string), checked as
+    a `[capacity]` table is: "true"/"false" for `adaptive`, numbers for the rest."""
+    table: dict[str, object] = {}
+    for key, text in values.items():
+        if key == "adaptive":
+            if text not in ("true", "false"):
+                raise SettingsError(f"capacity.adaptive = {text!r} must be true or false")
+            table[key] = text == "true"
+            continue
+        try:
+            number = float(text)
+        except (TypeError, ValueError):
+            raise SettingsError(f"capacity.{key} = {text!r} must be a number") from None
+        table[key] = int(number) if number.is_integer() else number
+    return parse_capacity_table(table)
+
+
+__all__ = ["capacity_from_config_form", "parse_capacity_table"]

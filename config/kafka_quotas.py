@@ -30,7 +30,7 @@ from quotas.entity import QuotaEntity
 from quotas.types import QuotaType
 
 from .config_form import check_value, entity_path
-from .quota_records import QuotaLog, Refused, quota_record, record_key
+from .quota_records import QuotaLog, QuotaRecord, Refused, capacity_record, quota_record, record_key
 
 log = logging.getLogger("kthrottle.config.kafka_quotas")
 
@@ -64,12 +64,15 @@ class KafkaQuotas:
 
     def __init__(self, client_configs: Mapping[str, Any], secret: bytes, *, topic: str = DEFAULT_TOPIC,
                  on_change: Callable[[QuotaTable], None], on_refused: Callable[[Refused], None] | None = None,
+                 on_capacity: Callable[[dict[str, str] | None], None] | None = None,
                  timeout: float = 10.0) -> None:
         self._configs = dict(client_configs)
         self.topic = topic
         self._mac_key = record_key(secret)
         self._log = QuotaLog(self._mac_key)
         self._on_change = on_change
+        self._on_capacity = on_capacity
+        self._delivered_capacity: dict[str, str] | None = None
         self._on_refused = on_refused
         self._timeout = timeout
         self._lock = threading.Condition()
@@ -140,6 +143,11 @@ class KafkaQuotas:
 
     # ------------------------------------------------------------------ reading
 
+    def current_capacity(self) -> dict[str, str] | None:
+        """The capacity record's values (a `[capacity]` table's keys as strings), None without one."""
+        with self._lock:
+            return None if self._log.capacity is None else dict(self._log.capacity)
+
     def current(self) -> QuotaTable:
         with self._lock:
             return self._log.table()
@@ -204,31 +212,27 @@ class KafkaQuotas:
         the follower and an `alter` gets here first."""
         with self._lock:
             table = self._log.table()
-            if table == self._delivered:
-                return
-            self._delivered = table
-            self._on_change(table)
+            if table != self._delivered:
+                self._delivered = table
+                self._on_change(table)
+            capacity = self._log.capacity
+            if self._on_capacity is not None and capacity != self._delivered_capacity:
+                self._delivered_capacity = capacity
+                self._on_capacity(None if capacity is None else dict(capacity))
 
     # ------------------------------------------------------------------ writing
 
     def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
         """Every change validated first, then one record per entity; returns once read back."""
-        from kafka.errors import KafkaError, KafkaTimeoutError
 
         for entity, ops in changes.items():
             entity_path(entity)
             for quota_type, value in ops.items():
                 if value is not None:
                     check_value(entity, quota_type, value)
-        if self._producer is None:
-            raise KafkaQuotaError(f"the quota store on {self._where} is not started (the cluster was "
-                                  "unreachable at start): quotas not stored")
-        if not self.reachable:
-            raise KafkaQuotaError(f"{self._where} is unreachable: quotas not stored; the last quotas stay "
-                                  "in force on every proxy until the cluster returns")
+        self._check_writable()
         table = self.current()
-        written = -1
-        stored: list[str] = []
+        records: list[tuple[str, QuotaRecord]] = []
         for entity, ops in changes.items():
             values = dict(table.get(entity, {}))
             for quota_type, value in ops.items():
@@ -236,7 +240,39 @@ class KafkaQuotas:
                     values.pop(quota_type, None)
                 else:
                     values[quota_type] = value
-            record = quota_record(entity, values, self._mac_key, int(time.time() * 1000))
+            records.append((f"quotas for {entity.describe()}",
+                            quota_record(entity, values, self._mac_key, int(time.time() * 1000))))
+        self._write(records)
+
+    def alter_capacity(self, changes: Mapping[str, str | None]) -> dict[str, str] | None:
+        """Change keys of the fleet's capacity (None removes a key; none left removes the record, and
+        the config file's `[capacity]` applies again); the values now in force in the topic."""
+        values = dict(self.current_capacity() or {})
+        for key, value in changes.items():
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+        record = capacity_record(values or None, self._mac_key, int(time.time() * 1000))  # checked here
+        self._check_writable()
+        self._write([("the capacity", record)])
+        return self.current_capacity()
+
+    def _check_writable(self) -> None:
+        if self._producer is None:
+            raise KafkaQuotaError(f"the quota store on {self._where} is not started (the cluster was "
+                                  "unreachable at start): quotas not stored")
+        if not self.reachable:
+            raise KafkaQuotaError(f"{self._where} is unreachable: quotas not stored; the last quotas stay "
+                                  "in force on every proxy until the cluster returns")
+
+    def _write(self, records: list[tuple[str, QuotaRecord]]) -> None:
+        """Send each record (acks=all) and return once this member has read them all back."""
+        from kafka.errors import KafkaError, KafkaTimeoutError
+
+        written = -1
+        stored: list[str] = []
+        for what, record in records:
             try:
                 metadata = self._producer.send(self.topic, key=record.key, value=record.value,
                                                headers=list(record.headers)).get(timeout=ALTER_TIMEOUT_S)
@@ -246,12 +282,12 @@ class KafkaQuotas:
                     # The record may still be in the producer or in a stopped broker's socket: if the
                     # cluster took it, every member applies it when read, like any record.
                     why = (f"{self._where} is unreachable (no acknowledgement within {ALTER_TIMEOUT_S:g} s): "
-                           f"quotas for {entity.describe()} not stored{done}; the last quotas stay in force")
+                           f"{what} not stored{done}; the last quotas stay in force")
                     raise KafkaQuotaError(why) from exc
-                why = self._explain(f"storing quotas for {entity.describe()}", exc)
+                why = self._explain(f"storing {what}", exc)
                 raise KafkaQuotaError(why + done, fatal=_denied(exc)) from exc
             written = max(written, metadata.offset)
-            stored.append(entity.describe())
+            stored.append(what)
         deadline = time.monotonic() + self._timeout
         with self._lock:
             while self._log.next_offset <= written:

@@ -12,6 +12,10 @@ A record is one entity's whole set of quotas, in Kafka's config form (``config_f
 - header ``kthrottle-written-at``: the writer's clock, milliseconds since the epoch, 8 bytes;
 - header ``kthrottle-mac``: HMAC-SHA256 of the three above, with a key derived from the fleet secret.
 
+One more kind of record shares the topic: key ``capacity`` (no entity path starts so) holds the
+fleet's cluster capacity, the keys of a ``[capacity]`` table in the same config form (a tombstone:
+none from the topic, the config file's ``[capacity]`` applies).
+
 Why the MAC: anyone allowed to write to the topic could otherwise set any quota. Why the time: a
 signed record sent again later (a replay) would bring an old value back, so a record written more
 than ``REPLAY_WINDOW_MS`` before the newest one already read is refused. Writers' clocks agree far
@@ -36,6 +40,8 @@ from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
 from quotas.types import QuotaType
 
+from .capacity import capacity_from_config_form
+from .common import SettingsError
 from .config_form import (
     decode_config,
     encode_config,
@@ -51,6 +57,8 @@ WRITTEN_AT_HEADER = "kthrottle-written-at"
 #: A record written this long before the newest one read is a replay (5 minutes).
 REPLAY_WINDOW_MS = 300_000
 _KEY_LABEL = b"kthrottle quota records v1"
+#: The key of the capacity record.
+CAPACITY_KEY = "capacity"
 _MAC_BYTES = hashlib.sha256().digest_size
 
 
@@ -81,6 +89,13 @@ class _Accepted:
 
 
 @dataclass(frozen=True)
+class _AcceptedCapacity:
+    #: the record's keys and values as written (None: the capacity removed from the topic)
+    values: dict[str, str] | None
+    written_at: int
+
+
+@dataclass(frozen=True)
 class QuotaRecord:
     """What a writer sends: ``key``, ``value`` (None for a tombstone) and ``headers``."""
 
@@ -103,10 +118,22 @@ def _mac(mac_key: bytes, key: bytes, value: bytes | None, written_at: bytes) -> 
 def quota_record(entity: QuotaEntity, values: Mapping[QuotaType, float], mac_key: bytes,
                  written_at_ms: int) -> QuotaRecord:
     """The record that sets ``entity``'s quotas to ``values`` (none left: a tombstone)."""
-    key = entity_path(entity).encode("utf-8")
     value = (encode_config({quota_type.value: format_value(quota_type, number)
                             for quota_type, number in sorted(values.items(), key=lambda kv: kv[0].value)})
              if values else None)
+    return _signed(entity_path(entity).encode("utf-8"), value, mac_key, written_at_ms)
+
+
+def capacity_record(values: Mapping[str, str] | None, mac_key: bytes, written_at_ms: int) -> QuotaRecord:
+    """The record that sets the fleet's capacity to ``values`` (a ``[capacity]`` table's keys, as
+    strings), checked first; None or nothing left: a tombstone."""
+    if values:
+        capacity_from_config_form(values)
+    value = encode_config(dict(sorted(values.items()))) if values else None
+    return _signed(CAPACITY_KEY.encode("utf-8"), value, mac_key, written_at_ms)
+
+
+def _signed(key: bytes, value: bytes | None, mac_key: bytes, written_at_ms: int) -> QuotaRecord:
     stamp = written_at_ms.to_bytes(8, "big", signed=True)
     mac = _mac(mac_key, key, value, stamp)
     return QuotaRecord(key, value, ((WRITTEN_AT_HEADER, stamp), (MAC_HEADER, mac)))
@@ -119,6 +146,8 @@ class QuotaLog:
         self._mac_key = mac_key
         self._replay_window_ms = replay_window_ms
         self.entities: QuotaTable = {}
+        #: the capacity record's values, checked (None: no capacity in the topic)
+        self.capacity: dict[str, str] | None = None
         #: The offset after the last record applied or refused: where reading goes on.
         self.next_offset = 0
         self.newest_written_at_ms: int | None = None
@@ -132,11 +161,13 @@ class QuotaLog:
         """Fold one record in; what refused it, if anything."""
         self.next_offset = max(self.next_offset, offset + 1)
         outcome = self._check(key, value, headers)
-        if not isinstance(outcome, _Accepted):
+        if isinstance(outcome, tuple):
             refusal, detail = outcome
             self.refused[refusal] += 1
             return Refused(offset, refusal, detail)
-        if outcome.values:
+        if isinstance(outcome, _AcceptedCapacity):
+            self.capacity = outcome.values
+        elif outcome.values:
             self.entities[outcome.entity] = outcome.values
         else:
             self.entities.pop(outcome.entity, None)
@@ -145,7 +176,7 @@ class QuotaLog:
         return None
 
     def _check(self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
-               ) -> tuple[Refusal, str] | _Accepted:
+               ) -> tuple[Refusal, str] | _Accepted | _AcceptedCapacity:
         found = {name: data for name, data in headers if name in (MAC_HEADER, WRITTEN_AT_HEADER)}
         mac, stamp = found.get(MAC_HEADER), found.get(WRITTEN_AT_HEADER)
         if key is None:
@@ -159,16 +190,21 @@ class QuotaLog:
         written_at = int.from_bytes(stamp, "big", signed=True)
         try:
             path = key.decode("utf-8")
-            entity = entity_for_path(path)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except UnicodeDecodeError as exc:
             return Refusal.MALFORMED, f"key {key[:200]!r}: {exc}"
-        if entity_path(entity) != path:
-            return Refusal.MALFORMED, f"key {path!r} is not the canonical path {entity_path(entity)!r}"
         newest = self.newest_written_at_ms
         if newest is not None and written_at < newest - self._replay_window_ms:
             window = self._replay_window_ms
             return Refusal.REPLAYED, (f"{path} written at {written_at} ms, more than {window} ms before "
                                       f"a record already read ({newest} ms)")
+        if path == CAPACITY_KEY:
+            return self._check_capacity(value, written_at)
+        try:
+            entity = entity_for_path(path)
+        except ValueError as exc:
+            return Refusal.MALFORMED, f"key {key[:200]!r}: {exc}"
+        if entity_path(entity) != path:
+            return Refusal.MALFORMED, f"key {path!r} is not the canonical path {entity_path(entity)!r}"
         try:
             values = parse_quota_config(entity, decode_config(value))
         except (UnicodeDecodeError, JSONDecodeError, ValueError) as exc:
@@ -176,3 +212,18 @@ class QuotaLog:
                 return Refusal.INVALID, str(exc)
             return Refusal.MALFORMED, f"{path}: the value is not a config document: {exc}"
         return _Accepted(entity, values, written_at)
+
+    @staticmethod
+    def _check_capacity(value: bytes | None, written_at: int) -> tuple[Refusal, str] | _AcceptedCapacity:
+        if value is None:
+            return _AcceptedCapacity(None, written_at)
+        try:
+            config = decode_config(value)
+        except (UnicodeDecodeError, JSONDecodeError, ValueError) as exc:
+            return Refusal.MALFORMED, f"{CAPACITY_KEY}: the value is not a config document: {exc}"
+        values = {str(k): str(v) for k, v in config.items()}
+        try:
+            capacity_from_config_form(values)
+        except SettingsError as exc:
+            return Refusal.INVALID, f"{CAPACITY_KEY}: {exc}"
+        return _AcceptedCapacity(values, written_at)

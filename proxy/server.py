@@ -17,7 +17,6 @@ from config.common import BindError
 from config.settings import Address, ProxySettings, SettingsError
 from protocol.errors import ProtocolError
 from protocol.topic_names import TopicNames
-from quotas.adaptive_capacity import AdaptiveCapacity, AdaptiveConfig
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.partition_throttle import PartitionThrottles
 from quotas.rate import WindowConfig
@@ -25,7 +24,7 @@ from quotas.rate import WindowConfig
 from .acceptor import Acceptor, DelayedClose, listener_name
 from .admin.quota_admin import QuotaAdminService
 from .capacity.broker_health import BrokerHealth
-from .capacity.sharing import CapacitySharing
+from .capacity.live import LiveCapacity
 from .limits.admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .limits.memory_pool import RequestMemoryPool
 from .observability.capacity_metrics import CapacityMetrics
@@ -106,23 +105,21 @@ class ProxyServer:
                     if settings.tls is not None or settings.upstream_tls is not None else None)
         self.topic_ids = TopicIdResolver(settings.upstream, self.upstream_tls_context,
                                          self.partition_throttles, self.topic_names)
-        #: the cluster capacity (quotas/capacity.py): its loop, metrics and, when adaptive, the
-        #: brokers' health each session reports; all None without a [capacity] table
-        self.capacity_sharing: CapacitySharing | None = None
-        self.capacity_metrics: CapacityMetrics | None = None
-        self.broker_health: BrokerHealth | None = None
-        capacity = settings.capacity
-        if capacity is not None:
-            self.engine.capacity.configure(capacity)
-            controller = None
-            if capacity.adaptive:
-                controller = AdaptiveCapacity(AdaptiveConfig(
-                    min_fraction=capacity.min_fraction, latency_tolerance=capacity.latency_tolerance,
-                    decrease_factor=capacity.decrease_factor, increase_step=capacity.increase_step))
-                self.broker_health = BrokerHealth(controller)
-            self.capacity_metrics = CapacityMetrics(self.metrics.registry, self.engine.capacity, controller,
-                                                    settings.metrics_max_entities)
-            self.capacity_sharing = CapacitySharing(self.engine.capacity, controller, self.capacity_metrics)
+        #: the cluster capacity (quotas/capacity.py) with its loop, metrics and, when adaptive, the
+        #: brokers' health each session reports: from the [capacity] table, and changed while it
+        #: runs from the quota topic (proxy/capacity/live.py)
+        from_topic = settings.quota_store == "kafka"
+        self.capacity = LiveCapacity(self.engine.capacity, self.metrics.registry,
+                                     settings.metrics_max_entities, may_change=from_topic)
+        self.capacity.apply(settings.capacity)
+
+    @property
+    def capacity_metrics(self) -> CapacityMetrics | None:
+        return self.capacity.metrics
+
+    @property
+    def broker_health(self) -> BrokerHealth | None:
+        return self.capacity.health
 
     def upstream_tls_context(self) -> ssl.SSLContext | None:
         """The TLS context for the proxy's own connections to brokers (None: plaintext)."""
@@ -218,8 +215,7 @@ class ProxyServer:
             else:
                 self.learn(brokers, at_start=True)
         self._probing = loop.create_task(self.health.run())
-        if self.capacity_sharing is not None:
-            self.capacity_sharing.start()
+        self.capacity.start()
         log.info("bootstrap listener on %s:%d%s, upstream %s%s", *self.bootstrap_address,
                  " (TLS)" if self.settings.tls is not None else "",
                  ",".join(f"{h}:{p}" for h, p in self.settings.upstream),
@@ -238,8 +234,7 @@ class ProxyServer:
     async def close(self) -> None:
         if self._probing is not None:
             self._probing.cancel()
-        if self.capacity_sharing is not None:
-            await self.capacity_sharing.close()
+        await self.capacity.close()
         await asyncio.gather(*(acceptor.stop() for acceptor in self._acceptors))
         self._delayed_close.close_all()
         for sock in self._listeners.values():

@@ -8,6 +8,9 @@ counts the records it skips, and decides what a start without the topic means:
   the topic and the ACLs it needs;
 - the cluster is out of reach: the proxy serves with the file's `[[quota]]` tables, logs that it
   does, and keeps trying; once the topic is read, its quotas replace the file's.
+
+The topic's capacity record, when there is one, replaces the file's `[capacity]` while the proxy
+runs (proxy/capacity/live.py); when it is removed, the file's applies again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from config.capacity import capacity_from_config_form
 from config.cluster_login import client_configs
 from config.common import SettingsError
 from config.kafka_quotas import KafkaQuotaError, KafkaQuotas
@@ -53,11 +57,16 @@ async def open_kafka_quotas(settings: ProxySettings, server: ProxyServer,
     def on_refused(record: Refused) -> None:  # on the store's thread; the store has logged it
         refused.labels(record.reason.value).inc()
 
+    def on_capacity(values: dict[str, str] | None) -> None:  # on the store's thread, checked already
+        # none in the topic: the config file's [capacity] (or none) applies again
+        config = settings.capacity if values is None else capacity_from_config_form(values)
+        loop.call_soon_threadsafe(server.capacity.apply, config)
+
     plane = settings.control_plane
     configs = client_configs(settings.upstream, server.upstream_tls_context(), plane.login,
                              "kthrottle-quotas", request_timeout_ms=10_000, bootstrap_timeout_ms=10_000)
     store = KafkaQuotas(configs, settings.fleet.secret, topic=plane.quota_topic, on_change=on_change,
-                        on_refused=on_refused, timeout=START_TIMEOUT_SECONDS)
+                        on_refused=on_refused, on_capacity=on_capacity, timeout=START_TIMEOUT_SECONDS)
     try:
         await loop.run_in_executor(None, store.start)
         return store

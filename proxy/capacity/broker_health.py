@@ -16,17 +16,19 @@ BOOTSTRAP_NODE = -1
 
 
 class BrokerHealth:
-    """Feeds responses into the adaptive controller, per broker."""
+    """Feeds responses into the adaptive controller in force, per broker (none: dropped; the
+    controller may come and go while the proxy runs, see live.py)."""
 
-    def __init__(self, controller: AdaptiveCapacity) -> None:
+    def __init__(self, controller: AdaptiveCapacity | None) -> None:
         self.controller = controller
 
     def observer(self, node_id: int | None) -> HealthObserver:
         """What a session bound to `node_id` hands its connection."""
         broker = BOOTSTRAP_NODE if node_id is None else node_id
-        observe = self.controller.observe
 
         def health(api_key: int, latency_ms: float, errors: list[int]) -> None:
-            observe(broker, api_key, latency_ms, errors)
+            controller = self.controller
+            if controller is not None:
+                controller.observe(broker, api_key, latency_ms, errors)
 
         return health

@@ -97,7 +97,7 @@ class Member(RunningProxy):
         self.workers = workers
         self.metrics_port = free_port_block(workers)
         self.udp_port = udp_port
-        config = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
+        config = self.config_path = workdir / f"member-{uuid.uuid4().hex[:8]}.toml"
         text = f"[proxy]\n{QUOTA_SETTINGS}\n{settings}\n\n"
         if udp_port is not None:
             secret = workdir / "fleet.secret"

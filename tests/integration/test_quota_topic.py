@@ -54,6 +54,9 @@ from .test_quotas import _end_offsets, _topic
 SETTINGS = 'quota_store = "kafka"\nquota_admins = ["User:ANONYMOUS"]'
 QUOTA = 1_000_000  # bytes per second over the fleet, as in test_fleet
 RUN_S = 30.0
+#: the fleet's produce capacity set through the topic, then doubled; each held for this long
+CAPACITY = 500_000
+CAPACITY_PHASE_S = 14.0
 SKIPPED = "kthrottle_quota_records_skipped_total"
 
 
@@ -265,6 +268,53 @@ def test_two_admins_changing_one_entity_at_once_end_with_one_value(kafka_cluster
         winners = {produce_rate_of(m, "raced") for m in members}
         report(f"quota topic: 2 admins on 2 members changing one entity at once, {rounds} times: all 3 "
                f"members end at {winners}, the last record's value")
+
+
+@pytest.mark.quiet
+def test_the_capacity_set_in_the_topic_applies_to_every_member_while_they_run(kafka_cluster: LocalKafka,
+                                                                             tmp_path: Path) -> None:
+    """`kthrottle capacity set` with member A's config file: B applies the capacity within a second,
+    a greedy producer through B (no quota of its own) is held to it, then to a doubled one;
+    `delete` takes it away again. No member restarts."""
+    capacity_metric = "kthrottle_capacity"
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 2)
+        a, b = fleet.start()
+
+        def capacity(*args: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "cli", "capacity", "--config", str(a.config_path),
+                                   *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        topic = _topic(b.bootstrap, "topic-capacity")
+        rates: list[tuple[float, float, float]] = []
+        started = time.monotonic()
+        producer: GreedyProducer | None = None
+        for limit in (CAPACITY, 2 * CAPACITY):
+            assert f"produce_byte_rate = {limit}" in capacity("set", f"produce_byte_rate={limit}")
+            applied = seconds_until(
+                lambda lim=limit: b.metric(capacity_metric, quota="producer_byte_rate") == lim, 10)
+            if producer is None:
+                producer = GreedyProducer(b.bootstrap, topic, started, client_id="capacity-free")
+                stack.callback(producer.stop, True)
+            phase = time.monotonic() - started
+            time.sleep(CAPACITY_PHASE_S)
+            rates.append((limit, applied or -1.0, producer.result.rate(phase + 6, phase + CAPACITY_PHASE_S)))
+        assert producer is not None
+        producer.stop()
+        assert "no capacity in the quota topic" in capacity("delete")
+        removed = seconds_until(lambda: b.metric(capacity_metric, quota="producer_byte_rate") == 0.0, 10)
+        report("capacity in the quota topic, set with `kthrottle capacity` through A's config: "
+               + "; ".join(f"{limit:,.0f} B/s applied on B after {applied:.2f} s, a producer through B "
+                           f"{rate:,.0f} B/s ({rate / limit:.3f}x)" for limit, applied, rate in rates)
+               + f"; deleted: gone from B after {removed} s")
+        for limit, applied, rate in rates:
+            assert 0 <= applied <= 1.0, rates
+            assert 0.85 * limit <= rate <= 1.15 * limit, rates
+        assert removed is not None and removed <= 1.0
+        assert b.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
+                        client_id="capacity-free") == 0, "the quota did not throttle: the capacity did"
 
 
 def test_restarted_members_have_the_quotas_before_serving(kafka_cluster: LocalKafka, tmp_path: Path) -> None:

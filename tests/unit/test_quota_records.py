@@ -151,3 +151,49 @@ def test_any_bytes_are_refused_with_a_reason_never_an_exception(
     refused = log.apply(5, key, value, headers)
     assert refused is not None and refused.offset == 5 and refused.detail
     assert log.table() == {} and log.next_offset == 6
+
+
+# -- the capacity record ---------------------------------------------------------------------------
+
+
+def test_the_capacity_record_is_its_own_kind_beside_the_entities() -> None:
+    from config.quota_records import CAPACITY_KEY, capacity_record
+
+    log = QuotaLog(KEY)
+    assert _apply(log, 0, quota_record(ALICE, {QuotaType.PRODUCE: 1024.0}, KEY, T0)) is None
+    record = capacity_record({"produce_byte_rate": "500000", "adaptive": "true"}, KEY, T0 + 1)
+    assert record.key == CAPACITY_KEY.encode()
+    assert _apply(log, 1, record) is None
+    assert log.capacity == {"adaptive": "true", "produce_byte_rate": "500000"}
+    assert log.table() == {ALICE: {QuotaType.PRODUCE: 1024.0}}  # no entity made of it
+    assert _apply(log, 2, capacity_record(None, KEY, T0 + 2)) is None  # a tombstone
+    assert log.capacity is None
+
+
+def test_a_bad_or_forged_capacity_record_changes_nothing() -> None:
+    import json
+
+    from config.quota_records import CAPACITY_KEY, _signed, capacity_record
+
+    log = QuotaLog(KEY)
+    assert _apply(log, 0, capacity_record({"produce_byte_rate": "500000"}, KEY, T0)) is None
+    invalid = _signed(CAPACITY_KEY.encode(), json.dumps(
+        {"version": 1, "config": {"produce_byte_rate": "-5"}}).encode(), KEY, T0 + 1)
+    refused = _apply(log, 1, invalid)
+    assert refused is not None and refused.reason is Refusal.INVALID and "produce_byte_rate" in refused.detail
+    other = record_key(b"another secret of 32 bytes......")
+    forged = capacity_record({"produce_byte_rate": "1"}, other, T0 + 2)
+    refused = _apply(log, 2, forged)
+    assert refused is not None and refused.reason is Refusal.FORGED
+    assert log.capacity == {"produce_byte_rate": "500000"}
+
+
+def test_a_capacity_a_table_would_refuse_is_not_written() -> None:
+    import pytest
+
+    from config.common import SettingsError
+    from config.quota_records import capacity_record
+
+    for values in ({"adaptive": "yes"}, {"produce_byte_rate": "fast"}, {"min_fraction": "0.5"}):
+        with pytest.raises(SettingsError):
+            capacity_record(values, KEY, T0)

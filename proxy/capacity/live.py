@@ -1,0 +1,101 @@
+"""The cluster capacity in force, changed while the proxy runs (issue 26).
+
+Why a module: the capacity is more than a table. It comes with its sharing loop, its metrics and,
+when adaptive, a controller fed by the brokers' health. A new `[capacity]` (from the quota topic,
+fleet-wide) has to bring each of those along without a restart:
+- rates change in place (`CapacityManager.configure` keeps tenants' histories);
+- the first capacity makes the metrics and the loop, which then stay (they cost nothing idle);
+- turning adaptive on makes a controller, and changing its tuning makes a new one (its latency
+  baselines start again); turning it off drops the controller and puts the factor back at 1;
+- sessions report the brokers' health to `health`, which forwards to whichever controller is
+  current, so connections made before adaptive was turned on count too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from quotas.adaptive_capacity import AdaptiveCapacity, AdaptiveConfig
+from quotas.capacity import CapacityConfig, CapacityManager
+
+from ..observability.capacity_metrics import CapacityMetrics
+from .broker_health import BrokerHealth
+from .sharing import CapacitySharing
+
+log = logging.getLogger("kthrottle.capacity")
+
+
+class LiveCapacity:
+    """Owns the capacity's loop, metrics, controller and health feed; `apply` swaps the table."""
+
+    def __init__(self, capacity: CapacityManager, registry: CollectorRegistry, max_entities: int,
+                 may_change: bool) -> None:
+        """`may_change`: a capacity may arrive later (from the quota topic), so sessions report
+        the brokers' health from the start."""
+        self.capacity = capacity
+        self._registry = registry
+        self._max_entities = max_entities
+        self.config: CapacityConfig | None = None
+        self.controller: AdaptiveCapacity | None = None
+        self._tuning: AdaptiveConfig | None = None
+        self.health: BrokerHealth | None = BrokerHealth(None) if may_change else None
+        self.metrics: CapacityMetrics | None = None
+        self.sharing: CapacitySharing | None = None
+        self._running = False
+
+    def apply(self, config: CapacityConfig | None) -> None:
+        """Put `config` in force (None: no capacity), and what it needs with it."""
+        if config == self.config:
+            return
+        before, self.config = self.config, config
+        self.capacity.configure(config)
+        tuning = _tuning(config)
+        if tuning != self._tuning:
+            self._tuning = tuning
+            self.controller = AdaptiveCapacity(tuning) if tuning is not None else None
+            if tuning is None:
+                self.capacity.update_factor(1.0, int(time.monotonic() * 1000))
+        if self.controller is not None and self.health is None:
+            self.health = BrokerHealth(None)
+        if self.health is not None:
+            self.health.controller = self.controller
+        if config is not None and self.metrics is None:
+            self.metrics = CapacityMetrics(self._registry, self.capacity, self.controller, self._max_entities)
+            self.sharing = CapacitySharing(self.capacity, self.controller, self.metrics)
+            if self._running:
+                self.sharing.start()
+        if self.metrics is not None:
+            self.metrics.controller = self.controller
+        if self.sharing is not None:
+            self.sharing.controller = self.controller
+        if before is not None or self._running:
+            log.info("capacity now %s (was %s)", _show(config), _show(before))
+
+    def start(self) -> None:
+        self._running = True
+        if self.sharing is not None:
+            self.sharing.start()
+
+    async def close(self) -> None:
+        if self.sharing is not None:
+            await self.sharing.close()
+
+
+def _tuning(config: CapacityConfig | None) -> AdaptiveConfig | None:
+    if config is None or not config.adaptive:
+        return None
+    return AdaptiveConfig(min_fraction=config.min_fraction, latency_tolerance=config.latency_tolerance,
+                          decrease_factor=config.decrease_factor, increase_step=config.increase_step)
+
+
+def _show(config: CapacityConfig | None) -> str:
+    if config is None:
+        return "none"
+    rates = ", ".join(f"{direction.value} {value:g}" for direction, value in config.static().items())
+    return (rates or "learned") + (" (adaptive)" if config.adaptive else "")
+
+
+__all__ = ["LiveCapacity"]
