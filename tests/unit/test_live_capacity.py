@@ -1,0 +1,64 @@
+"""A capacity changed while the proxy runs (proxy/capacity/live.py): what each change brings along."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from proxy.capacity.live import LiveCapacity
+from quotas.capacity import CapacityConfig, CapacityManager
+from quotas.types import QuotaType
+
+
+def _live(may_change: bool = True) -> tuple[LiveCapacity, CapacityManager]:
+    manager = CapacityManager()
+    return LiveCapacity(manager, CollectorRegistry(), 100, may_change=may_change), manager
+
+
+def test_a_capacity_arriving_later_brings_its_metrics_and_loop() -> None:
+    live, manager = _live()
+    assert live.health is not None and live.metrics is None and live.sharing is None
+    observe = live.health.observer(1)
+    observe(0, 5.0, [])  # no controller yet: dropped, no error
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0))
+    assert manager.config == CapacityConfig(produce_byte_rate=500_000.0)
+    assert tuple(manager.directions) == (QuotaType.PRODUCE,)
+    assert live.metrics is not None and live.sharing is not None and live.controller is None
+    metrics, sharing = live.metrics, live.sharing
+    live.apply(CapacityConfig(produce_byte_rate=1_000_000.0, fetch_byte_rate=2_000_000.0))
+    assert live.metrics is metrics and live.sharing is sharing  # made once
+    assert set(manager.directions) == {QuotaType.PRODUCE, QuotaType.FETCH}
+
+
+def test_adaptive_on_feeds_the_controller_from_sessions_made_before_it() -> None:
+    live, _ = _live()
+    assert live.health is not None
+    observe = live.health.observer(2)  # a session that connected before adaptive was on
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
+    controller = live.controller
+    assert controller is not None and live.sharing is not None and live.sharing.controller is controller
+    observe(0, 5.0, [])
+    assert controller._responses == 1, "the old session's observation reached the new controller"
+    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=True))
+    assert live.controller is controller  # the same tuning keeps its baselines
+    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=True, decrease_factor=0.5))
+    assert live.controller is not controller  # new tuning, new controller
+
+
+def test_adaptive_off_puts_the_factor_back_and_none_removes_the_capacity() -> None:
+    live, manager = _live()
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
+    manager.update_factor(0.5, 0)
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0))
+    assert live.controller is None and manager.factor == 1.0
+    assert live.health is not None and live.health.controller is None
+    live.apply(None)
+    assert manager.config is None and manager.directions == {}
+
+
+def test_a_proxy_whose_capacity_cannot_change_reports_no_health_without_adaptive() -> None:
+    live, _ = _live(may_change=False)
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0))
+    assert live.health is None  # no observer on the hot path for nothing
+    fixed, _ = _live(may_change=False)
+    fixed.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
+    assert fixed.health is not None and fixed.health.controller is fixed.controller
