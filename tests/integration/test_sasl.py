@@ -119,8 +119,8 @@ def test_java_scram_sha512_admin(kafka_cluster, kafka_java, sasl_proxy, tmp_path
     assert perf.returncode == 0, perf.stderr.decode(errors="replace")[-4000:]
     assert f"{count} records sent" in perf.stdout.decode()
     # The bootstrap connection and at least one connection to a leader's own port both logged in.
-    log = _wait_for_new_log(sasl_proxy, start, _login("admin", "SCRAM-SHA-512"))
-    assert log.count(_login("admin", "SCRAM-SHA-512")) >= 2, log
+    login = _login("admin", "SCRAM-SHA-512")
+    wait_until(lambda: _new_log(sasl_proxy, start).count(login) >= 2, 10, f"two connections to log {login!r}")
 
     consumed = read_all(_conf(sasl_proxy.bootstrap, "PLAIN", "bob"), topic, count)
     values = sorted(int(v) for vs in consumed.values() for v in vs)
