@@ -17,12 +17,13 @@ from config.capacity import capacity_from_config_form
 from config.cluster_login import client_configs
 from config.common import SettingsError
 from config.kafka_quotas import KafkaQuotaError, KafkaQuotas
-from config.settings import load_settings
+from config.settings import load_settings, parse_address_list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, required=True,
                         help='a member\'s config file (proxy.quota_store = "kafka")')
+    parser.add_argument("--upstream", help="the cluster, H:P[,H:P] (default: the file's proxy.upstream)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("describe", help="show the capacity in the quota topic")
     setting = actions.add_parser("set", help="set KEY=VALUE keys of the capacity (a [capacity] table's)")
@@ -34,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
+    if args.upstream:
+        settings.upstream = parse_address_list(args.upstream, "--upstream")
+    if not settings.upstream:
+        raise SettingsError(f"{args.config} has no proxy.upstream: name the cluster with --upstream")
     if settings.quota_store != "kafka" or settings.fleet is None:
         raise SettingsError(f"{args.config}: the capacity lives in the quota topic only with "
                             'proxy.quota_store = "kafka" (elsewhere, edit the [capacity] table and restart)')

@@ -283,7 +283,8 @@ def test_the_capacity_set_in_the_topic_applies_to_every_member_while_they_run(ka
 
         def capacity(*args: str) -> str:
             done = subprocess.run([sys.executable, "-m", "cli", "capacity", "--config", str(a.config_path),
-                                   *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+                                   "--upstream", kafka_cluster.bootstrap, *args],
+                                  cwd=REPO, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, done.stdout + done.stderr
             return done.stdout
 
@@ -308,7 +309,7 @@ def test_the_capacity_set_in_the_topic_applies_to_every_member_while_they_run(ka
         report("capacity in the quota topic, set with `kthrottle capacity` through A's config: "
                + "; ".join(f"{limit:,.0f} B/s applied on B after {applied:.2f} s, a producer through B "
                            f"{rate:,.0f} B/s ({rate / limit:.3f}x)" for limit, applied, rate in rates)
-               + f"; deleted: gone from B after {removed} s")
+               + f"; deleted: gone from B after {removed if removed is None else round(removed, 2)} s")
         for limit, applied, rate in rates:
             assert 0 <= applied <= 1.0, rates
             assert 0.85 * limit <= rate <= 1.15 * limit, rates
