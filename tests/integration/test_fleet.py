@@ -547,17 +547,20 @@ def test_workers_share_one_producer_quota(kafka_cluster: LocalKafka, tmp_path: P
         for worker in (0, 1):
             wait_until(lambda w=worker: member.metric("kthrottle_fleet_members", w) == 2, 10, "2 workers")
         topic = _topic(member.bootstrap, "fleet-workers")
-        for _attempt in range(8):  # the kernel picks a worker per connection: retry until both have one
+        # The kernel picks a worker per connection: retry until each worker carries a fair part of
+        # the producer's bytes (a worker holding only the bootstrap connection, or one leader's of
+        # three, would make "each member shows the fleet's rate" say little; h5 saw 89 % / 11 %).
+        for _attempt in range(8):
             started = time.monotonic()
             producer = GreedyProducer(member.bootstrap, topic, started)
             cleanup.callback(producer.stop, True)
             time.sleep(3)
             local = [member.metric(LOCAL_PRODUCE_RATE, w, **PRODUCE_LABELS) for w in (0, 1)]
-            if all(local):
+            if min(local) >= 0.25 * sum(local) > 0:
                 break
             producer.stop(abandon=True)
         else:
-            raise AssertionError("the producer's connections never landed on both workers")
+            raise AssertionError(f"the producer's bytes never split over both workers (last {local})")
         sampler = RateSampler([(member, 0), (member, 1)], started, FLEET_PRODUCE_RATE, LOCAL_PRODUCE_RATE,
                               PRODUCE_LABELS)
         time.sleep(max(0.0, started + RUN_S - time.monotonic()))
