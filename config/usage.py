@@ -78,18 +78,6 @@ class UsageSettings:
     #: the producer's SASL login (config/cluster_login.py); none by default
     login: ClusterLogin = field(default_factory=ClusterLogin)
 
-    @property
-    def sasl_mechanism(self) -> str | None:
-        return self.login.mechanism
-
-    @property
-    def sasl_username(self) -> str | None:
-        return self.login.username
-
-    @property
-    def sasl_password(self) -> str | None:
-        return self.login.password
-
 
 def _int(key: str, value: object, low: int, high: int | None = None, also: tuple[int, ...] = ()) -> int:
     if not isinstance(value, int) or isinstance(value, bool):

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from config.cluster_login import ClusterLogin
 from config.settings import SettingsError, load_settings
 from config.usage import DEFAULT_TOPIC, SASL_PASSWORD_ENV, parse_usage_table
 from protocol.apis import ApiKey
@@ -278,7 +279,7 @@ def test_usage_table_defaults_and_values(tmp_path: Path) -> None:
     assert (usage.interval_ms, usage.topic, usage.retention_ms, usage.partitions, usage.replication_factor,
             usage.bootstrap_servers, usage.max_pending_intervals, usage.buffer_memory) == (
         1000, "usage.v1", -1, 1, -1, [("k1", 9092), ("k2", 9092)], 2, 4096)
-    assert (usage.sasl_mechanism, usage.sasl_username, usage.sasl_password) == ("SCRAM-SHA-512", "kt", "pw")
+    assert usage.login == ClusterLogin("SCRAM-SHA-512", "kt", "pw")
 
 
 @pytest.mark.parametrize(("table", "named"), [
@@ -306,4 +307,4 @@ def test_bad_usage_values_name_the_key(table: dict[str, object], named: str) -> 
 def test_sasl_password_from_the_environment() -> None:
     usage = parse_usage_table({"sasl_mechanism": "PLAIN", "sasl_username": "u"},
                               environ={SASL_PASSWORD_ENV: "secret"})
-    assert usage.sasl_password == "secret"
+    assert usage.login.password == "secret"
