@@ -370,6 +370,18 @@ class LocalKafka:
 
     # ------------------------------------------------------------------ internals
 
+    def restart(self, node_id: int, timeout: float = 60.0) -> None:
+        """kill -9 one node and start it again on its own data and ports (a broker crash and its
+        return); returns once every broker answers Metadata listing all of them again."""
+        (node,) = [n for n in self._nodes if n.node_id == node_id]
+        assert node.proc is not None and self.workdir is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.proc.pid, signal.SIGKILL)
+        node.proc.wait(timeout=10)
+        log4j = self.workdir / "log4j2.properties"
+        self._launch(node, java_executable(), kafka_classpath(), log4j, record=False)
+        self._wait_ready(time.monotonic() + timeout)
+
     def _finish_recording(self) -> None:
         """Stop the node that records the class archive cleanly (SIGTERM, then its JVM writes the archive).
 

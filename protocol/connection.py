@@ -87,8 +87,9 @@ ThrottleMode = Literal["mute", "delay"]
 ExchangeObserver = Callable[[int, int, int, float], None]
 
 #: Called with the broker's health as each Produce and data-carrying Fetch response shows it:
-#: (api key, latency ms, the Produce response's partition error codes). Adaptive capacity only.
-HealthObserver = Callable[[int, float, list[int]], None]
+#: (api key, latency ms, the Produce response's partition error codes, principal, client id): who
+#: saw it matters, since one tenant alone may not move the shared capacity. Adaptive capacity only.
+HealthObserver = Callable[[int, float, list[int], str, str], None]
 
 #: A Fetch response shorter than this carried no records: it waited out its max_wait_ms, which
 #: says nothing about the broker's health.
@@ -346,7 +347,7 @@ class ProxyConnection:
         latency = self._now_ms - entry.sent_ms
         if entry.api_key == ApiKey.FETCH:
             if len(frame) >= HEALTH_FETCH_MIN_BYTES:
-                self.health(ApiKey.FETCH, latency, [])
+                self.health(ApiKey.FETCH, latency, [], self.principal, entry.client_id or "")
             return
         spec = KNOWN_APIS[ApiKey.PRODUCE]
         try:
@@ -354,7 +355,7 @@ class ProxyConnection:
             errors = produce_response_errors(frame, offset, entry.api_version)
         except ProtocolError:
             errors = []  # the response goes on as it is; its time still tells
-        self.health(ApiKey.PRODUCE, latency, errors)
+        self.health(ApiKey.PRODUCE, latency, errors, self.principal, entry.client_id or "")
 
     def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
         self._passthrough = None

@@ -260,6 +260,9 @@ class ClientSession(asyncio.Protocol):
             self._unblock("connecting")
             return
         target = "bootstrap" if self.node_id is None else f"broker {self.node_id}"
+        broker_health = self.server.broker_health
+        if broker_health is not None and self.node_id is not None and errors and not tls_failed:
+            broker_health.unreachable(self.node_id)  # the broker's own state: no client can fake it
         # While the upstream is known to be down, that was said once (upstream_health); not per client.
         level = logging.DEBUG if self.server.health.up is False and not tls_failed else logging.WARNING
         self.close(f"cannot reach {target} upstream ({'; '.join(errors) or 'address unknown'})",

@@ -1,10 +1,24 @@
 """Adaptive capacity: scale the cluster capacity with the brokers' health (AIMD), the pure half.
 
 The proxy sees every response: how long each broker took for each Produce and Fetch, and the
-errors a broker under strain answers with (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS[_AFTER_APPEND],
-NOT_LEADER_OR_FOLLOWER). Once per tick (a second) this controller compares them with what is
-healthy and moves a factor in [min_fraction, 1] that scales the capacity (capacity.py):
+errors a broker under strain answers with. Once per tick (a second) this controller compares them
+with what is healthy and moves a factor in [min_fraction, 1] that scales the capacity
+(capacity.py).
 
+Strain is the brokers', never a client's (issue 27). The factor cuts what every tenant may use, so
+only signals a client cannot make on its own move it:
+- **Strain errors** are the broker's own trouble: REQUEST_TIMED_OUT (its purgatory expired the
+  request), NOT_ENOUGH_REPLICAS[_AFTER_APPEND] (replication fell behind). A client's own mistakes
+  are not strain: NOT_LEADER_OR_FOLLOWER after stale metadata or a misrouted request,
+  UNKNOWN_TOPIC_OR_PARTITION, authorization errors. A broker answers those at once, whatever its
+  load, so they say nothing of it.
+- **More than one tenant.** A signal counts only when at least MIN_STRAINED_TENANTS tenants saw it
+  in the tick: responses over the latency limit, or strain errors. One tenant's own large requests
+  are slow for that tenant alone; a broker that is really strained is slow for everyone it serves.
+  A tenant is what the capacity shares by (capacity.py), so one tenant's many client ids or
+  connections count once.
+
+How it judges:
 - **Baseline.** Per (broker, API), the p99 response time of the ticks when the load is light
   (the caller says so: below half the capacity), smoothed: fast down, slowly up
   (BASELINE_ALPHA_DOWN / _UP). A baseline is only learned while light, and rises slowly, so a
@@ -15,10 +29,9 @@ healthy and moves a factor in [min_fraction, 1] that scales the capacity (capaci
 - **AIMD.** Degraded for DEGRADED_TICKS seconds in a row: the factor is multiplied by
   `decrease_factor` (0.7), at most once per DECREASE_INTERVAL_TICKS, so the previous cut shows its
   effect first (one degraded second alone holds the factor). Healthy: it grows by
-  `increase_step` (0.05) per tick back to 1. Chosen over a latency gradient (Netflix's
-  Gradient2): a gradient keeps moving with every wobble of the latency, which moves every tenant's
-  share; AIMD moves only on a clear signal, and each move has a reason to log. It converges like
-  TCP's congestion control: cut fast on trouble, probe back slowly.
+  `increase_step` (0.05) per tick back to 1. It converges like TCP's congestion control: cut fast
+  on trouble, probe back slowly. A latency gradient (Netflix's Gradient2) was compared on the
+  overload bed (docs/protecting-the-cluster.md).
 
 Every change is returned as a FactorChange naming its signal, for the metric and the INFO log.
 Lower-share tenants lose first by construction: a smaller capacity is water-filled by the same
@@ -29,20 +42,25 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-#: Kafka error codes that say a broker is under strain (its replicas, its request queue, its leadership).
+#: Kafka error codes that say the broker itself is under strain (its request purgatory, its
+#: replication). Client mistakes (NOT_LEADER_OR_FOLLOWER = 6, UNKNOWN_TOPIC_OR_PARTITION = 3,
+#: TOPIC_AUTHORIZATION_FAILED = 29, ...) are deliberately absent: see the module's docstring.
 REQUEST_TIMED_OUT = 7
-NOT_LEADER_OR_FOLLOWER = 6
 NOT_ENOUGH_REPLICAS = 19
 NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
 STRAIN_ERRORS: dict[int, str] = {
     REQUEST_TIMED_OUT: "REQUEST_TIMED_OUT",
-    NOT_LEADER_OR_FOLLOWER: "NOT_LEADER_OR_FOLLOWER",
     NOT_ENOUGH_REPLICAS: "NOT_ENOUGH_REPLICAS",
     NOT_ENOUGH_REPLICAS_AFTER_APPEND: "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
 }
+
+#: A signal moves the factor only when this many tenants saw it in the tick (one tenant's own
+#: slowness, or its own errors, must not cut everyone's capacity).
+MIN_STRAINED_TENANTS = 2
 
 #: API keys whose response times are judged (Produce, Fetch).
 PRODUCE = 0
@@ -96,11 +114,17 @@ class FactorChange(NamedTuple):
 class _Tick:
     """One (broker, API)'s responses in the current tick."""
 
-    __slots__ = ("count", "samples")
+    __slots__ = ("count", "samples", "slowest")
 
     def __init__(self) -> None:
         self.samples: list[float] = []
         self.count = 0
+        #: tenant -> its slowest response in the tick (who saw the slowness)
+        self.slowest: dict[Hashable, float] = {}
+
+    def strained(self, limit: float) -> int:
+        """How many tenants had a response over `limit`."""
+        return sum(1 for latency in self.slowest.values() if latency > limit)
 
 
 def p99(samples: list[float]) -> float:
@@ -125,17 +149,31 @@ class AdaptiveCapacity:
         self._ticks: dict[tuple[int, int], _Tick] = {}
         self._responses = 0
         self._errors: dict[tuple[int, int], int] = {}
+        #: tenants that got a strain error in the tick
+        self._error_tenants: set[Hashable] = set()
+        #: broker -> the proxy's failed connection attempts to it in the tick
+        self._unreachable: dict[int, int] = {}
         self._since_decrease = DECREASE_INTERVAL_TICKS
         self._degraded_ticks = 0
         self._random = random.Random(seed)
 
-    def observe(self, broker: int, api_key: int, latency_ms: float, errors: list[int] | None = None) -> None:
-        """One response from `broker`: its time, and its partition error codes (Produce)."""
+    def observe(self, broker: int, api_key: int, latency_ms: float, errors: list[int] | None = None,
+                tenant: Hashable = None) -> None:
+        """One response from `broker` to `tenant`: its time, and its partition error codes (Produce).
+
+        A response whose every partition failed with a client's mistake (not strain) is not
+        timed: the broker answered it without doing the work, so it says nothing of its load.
+        """
+        if errors and all(code != 0 and code not in STRAIN_ERRORS for code in errors):
+            return
         key = (broker, api_key)
         tick = self._ticks.get(key)
         if tick is None:
             tick = self._ticks[key] = _Tick()
         tick.count += 1
+        slowest = tick.slowest.get(tenant)
+        if slowest is None or latency_ms > slowest:
+            tick.slowest[tenant] = latency_ms
         if len(tick.samples) < MAX_SAMPLES:
             tick.samples.append(latency_ms)
         else:
@@ -148,6 +186,12 @@ class AdaptiveCapacity:
                 if code in STRAIN_ERRORS:
                     pair = (broker, code)
                     self._errors[pair] = self._errors.get(pair, 0) + 1
+                    self._error_tenants.add(tenant)
+
+    def observe_unreachable(self, broker: int) -> None:
+        """The proxy could not connect to `broker` (refused, timed out). Its own attempt, so no
+        client can fake it, and it needs no second tenant: a broker going away is strain."""
+        self._unreachable[broker] = self._unreachable.get(broker, 0) + 1
 
     def tick(self, light: bool) -> FactorChange | None:
         """Judge the tick that ends now and move the factor; the change, if any.
@@ -165,7 +209,8 @@ class AdaptiveCapacity:
                     continue
                 limit = base * config.latency_tolerance + LATENCY_SLACK_MS
                 median = sorted(samples)[len(samples) // 2]
-                if len(samples) >= MIN_SLOW_SAMPLES and median > limit:
+                if len(samples) >= MIN_SLOW_SAMPLES and median > limit \
+                        and tick.strained(limit) >= MIN_STRAINED_TENANTS:
                     latest = self.latest_p99[key] = max(samples)
                     broker, api = key
                     ratio = median / limit
@@ -182,7 +227,9 @@ class AdaptiveCapacity:
                     self.baselines[key] = latest
                 continue
             limit = base * config.latency_tolerance + LATENCY_SLACK_MS
-            if latest > limit:
+            if latest > limit and tick.strained(limit) < MIN_STRAINED_TENANTS:
+                hold = True  # slow for one tenant alone: its own requests, not the broker
+            elif latest > limit:
                 ratio = latest / limit
                 if worst is None or ratio > worst[0]:
                     broker, api = key
@@ -194,12 +241,19 @@ class AdaptiveCapacity:
                 self.baselines[key] = base + alpha * (latest - base)
         error_count = sum(self._errors.values())
         error_detail = ""
-        if error_count >= MIN_ERRORS and error_count >= ERROR_RATIO * self._responses:
+        if error_count >= MIN_ERRORS and error_count >= ERROR_RATIO * self._responses \
+                and len(self._error_tenants) >= MIN_STRAINED_TENANTS:
             broker, code = max(self._errors, key=lambda pair: self._errors[pair])
             error_detail = (f"{error_count} strain errors in {self._responses} responses "
                             f"(most: {STRAIN_ERRORS[code]} from broker {broker})")
+        if not error_detail and self._unreachable:
+            broker = max(self._unreachable, key=lambda b: self._unreachable[b])
+            if self._unreachable[broker] >= MIN_ERRORS:
+                error_detail = f"broker {broker} unreachable ({self._unreachable[broker]} connections failed)"
         self._ticks = {}
         self._errors = {}
+        self._error_tenants = set()
+        self._unreachable = {}
         self._responses = 0
         self._since_decrease += 1
 
@@ -225,6 +279,6 @@ class AdaptiveCapacity:
 
 
 __all__ = [
-    "API_NAMES", "ERRORS", "HEALTHY", "LATENCY", "REASONS", "STRAIN_ERRORS", "AdaptiveCapacity",
-    "AdaptiveConfig", "FactorChange", "p99",
+    "API_NAMES", "ERRORS", "HEALTHY", "LATENCY", "MIN_STRAINED_TENANTS", "REASONS", "STRAIN_ERRORS",
+    "AdaptiveCapacity", "AdaptiveConfig", "FactorChange", "p99",
 ]

@@ -41,7 +41,7 @@ class LiveCapacity:
         self.config: CapacityConfig | None = None
         self.controller: AdaptiveCapacity | None = None
         self._tuning: AdaptiveConfig | None = None
-        self.health: BrokerHealth | None = BrokerHealth(None) if may_change else None
+        self.health: BrokerHealth | None = BrokerHealth(None, capacity) if may_change else None
         self.metrics: CapacityMetrics | None = None
         self.sharing: CapacitySharing | None = None
         self._running = False
@@ -59,7 +59,7 @@ class LiveCapacity:
             if tuning is None:
                 self.capacity.update_factor(1.0, int(time.monotonic() * 1000))
         if self.controller is not None and self.health is None:
-            self.health = BrokerHealth(None)
+            self.health = BrokerHealth(None, self.capacity)
         if self.health is not None:
             self.health.controller = self.controller
         if config is not None and self.metrics is None:

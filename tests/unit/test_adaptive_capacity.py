@@ -1,4 +1,7 @@
-"""The adaptive factor (AIMD) on the brokers' health, with hand-fed responses."""
+"""The adaptive factor (AIMD) on the brokers' health, with hand-fed responses.
+
+`feed` spreads responses over two tenants, as a strained broker is slow for everyone it serves;
+the tests of one tenant alone say `tenants=1`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from quotas.adaptive_capacity import (
     HEALTHY,
     LATENCY,
     MIN_SAMPLES,
+    MIN_STRAINED_TENANTS,
     REQUEST_TIMED_OUT,
     AdaptiveCapacity,
     AdaptiveConfig,
@@ -19,9 +23,9 @@ from quotas.types import QuotaType
 
 
 def feed(controller: AdaptiveCapacity, latency_ms: float, n: int = 50, broker: int = 1,
-         errors: list[int] | None = None) -> None:
-    for _ in range(n):
-        controller.observe(broker, 0, latency_ms, errors)
+         errors: list[int] | None = None, tenants: int = 2) -> None:
+    for i in range(n):
+        controller.observe(broker, 0, latency_ms, errors, tenant=f"tenant-{i % tenants}")
 
 
 def test_a_baseline_is_learned_only_while_light() -> None:
@@ -124,3 +128,71 @@ def test_adaptive_alone_judges_every_direction_by_its_peak() -> None:
     capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
     capacity.refresh(1000)
     assert not capacity.light()  # busy from the start: at its peak
+
+
+#: Kafka's codes for a client's own mistakes: the broker answers them at once, whatever its load.
+NOT_LEADER_OR_FOLLOWER = 6
+UNKNOWN_TOPIC_OR_PARTITION = 3
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+@pytest.mark.parametrize("code", [NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+                                  TOPIC_AUTHORIZATION_FAILED])
+def test_a_clients_mistakes_are_not_strain(code: int) -> None:
+    controller = AdaptiveCapacity()
+    feed(controller, 10.0)
+    controller.tick(light=True)
+    for _ in range(10):  # every response an error, from many tenants, for 10 s
+        feed(controller, 1.0, n=200, errors=[code, code], tenants=20)
+        assert controller.tick(light=False) is None
+    assert controller.factor == 1.0
+    assert controller.baselines == {(1, 0): 10.0}, "answered without the work: not timed either"
+
+
+def test_one_tenants_slowness_holds_the_factor_but_never_cuts_it() -> None:
+    controller = AdaptiveCapacity()
+    feed(controller, 10.0)
+    controller.tick(light=True)
+    for _ in range(5):
+        feed(controller, 10.0, n=50)  # the others are served as fast as ever
+        feed(controller, 900.0, n=50, tenants=1)  # one tenant's own huge requests
+        assert controller.tick(light=False) is None
+    assert controller.factor == 1.0
+    for _ in range(DEGRADED_TICKS):  # the same slowness seen by a second tenant is the broker's
+        feed(controller, 900.0, n=100, tenants=MIN_STRAINED_TENANTS)
+        change = controller.tick(light=False)
+    assert change is not None and change.reason == LATENCY
+
+
+def test_one_tenants_strain_errors_alone_never_cut() -> None:
+    controller = AdaptiveCapacity()
+    feed(controller, 10.0)
+    controller.tick(light=True)
+    for _ in range(5):
+        feed(controller, 10.0, n=100, errors=[REQUEST_TIMED_OUT], tenants=1)
+        assert controller.tick(light=False) is None
+    assert controller.factor == 1.0
+
+
+def test_a_partial_error_is_timed() -> None:
+    """A Produce with one partition misrouted and one written did the work for the second."""
+    controller = AdaptiveCapacity()
+    feed(controller, 10.0, errors=[NOT_LEADER_OR_FOLLOWER, 0])
+    controller.tick(light=True)
+    assert controller.baselines == {(1, 0): 10.0}
+
+
+def test_a_broker_the_proxy_cannot_reach_cuts_the_factor() -> None:
+    controller = AdaptiveCapacity()
+    feed(controller, 10.0)
+    controller.tick(light=True)
+    for _ in range(DEGRADED_TICKS):
+        for _ in range(3):
+            controller.observe_unreachable(2)
+        feed(controller, 10.0)
+        change = controller.tick(light=False)
+    assert change is not None and change.reason == ERRORS
+    assert "broker 2 unreachable (3 connections failed)" in change.detail
+    controller.observe_unreachable(2)  # fewer than MIN_ERRORS in a tick: a blip, not a cut
+    feed(controller, 10.0)
+    assert controller.tick(light=False) is not None and controller.factor > change.new

@@ -18,7 +18,7 @@ def test_a_capacity_arriving_later_brings_its_metrics_and_loop() -> None:
     live, manager = _live()
     assert live.health is not None and live.metrics is None and live.sharing is None
     observe = live.health.observer(1)
-    observe(0, 5.0, [])  # no controller yet: dropped, no error
+    observe(0, 5.0, [], "alice", "etl")  # no controller yet: dropped, no error
     live.apply(CapacityConfig(produce_byte_rate=500_000.0))
     assert manager.config == CapacityConfig(produce_byte_rate=500_000.0)
     assert tuple(manager.directions) == (QuotaType.PRODUCE,)
@@ -36,7 +36,7 @@ def test_adaptive_on_feeds_the_controller_from_sessions_made_before_it() -> None
     live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
     controller = live.controller
     assert controller is not None and live.sharing is not None and live.sharing.controller is controller
-    observe(0, 5.0, [])
+    observe(0, 5.0, [], "alice", "etl")
     assert controller._responses == 1, "the old session's observation reached the new controller"
     live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=True))
     assert live.controller is controller  # the same tuning keeps its baselines
