@@ -176,7 +176,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         fleet = await start_fleet(settings, server)
     usage_writer = None
     if settings.usage is not None:  # counts from here: the listeners are not open yet
-        from proxy.observability.usage_events import UsageEventWriter, proxy_identity
+        from proxy.observability.usage_event_schema import proxy_identity
+        from proxy.observability.usage_events import UsageEventWriter
 
         member = None if fleet is None else (f"{fleet.sender:016x}", fleet.name)
         identity = proxy_identity(settings, settings.listen, *(member or (None, None)))
