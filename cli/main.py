@@ -42,7 +42,7 @@ def _settings_from_args(args: argparse.Namespace) -> ProxySettings:
         settings.metrics_port = args.metrics_port
     if args.node_port_base is not None:
         settings.node_port_base = args.node_port_base
-    from proxy.fleet.workers import configure_worker
+    from proxy.supervisor.workers import configure_worker
 
     configure_worker(settings)  # a worker of `run --workers N`: shared listeners, a fleet of siblings
     return settings
@@ -176,7 +176,8 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         fleet = await start_fleet(settings, server)
     usage_writer = None
     if settings.usage is not None:  # counts from here: the listeners are not open yet
-        from proxy.observability.usage_events import UsageEventWriter, proxy_identity
+        from proxy.observability.usage_event_schema import proxy_identity
+        from proxy.observability.usage_events import UsageEventWriter
 
         member = None if fleet is None else (f"{fleet.sender:016x}", fleet.name)
         identity = proxy_identity(settings, settings.listen, *(member or (None, None)))
@@ -198,7 +199,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         try:
             await endpoint.start(None, settings.metrics_port)  # every interface, as before
         except OSError as exc:
-            from proxy.fleet.workers import worker_index
+            from proxy.supervisor.workers import worker_index
 
             index = worker_index()
             setting = f"metrics_port + {index}, for worker {index}" if index else "metrics_port"
@@ -266,7 +267,7 @@ def _tune_malloc() -> None:
 def _fatal(exc: Exception) -> None:
     """The one line saying why `run` stops at start: to the supervisor in a worker of
     `run --workers N` (it prints it once for all workers), else to stderr."""
-    from proxy.fleet.workers import report_fatal
+    from proxy.supervisor.workers import report_fatal
 
     if not report_fatal(str(exc)):
         print(f"kthrottle: {exc}", file=sys.stderr, flush=True)
@@ -274,8 +275,8 @@ def _fatal(exc: Exception) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Exit codes: 0 after SIGINT/SIGTERM, 2 for a setting refused, 3 for a port that cannot be
-    bound (proxy/fleet/workers.py: SETTINGS_ERROR_EXIT, BIND_ERROR_EXIT)."""
-    from proxy.fleet.workers import BIND_ERROR_EXIT, SETTINGS_ERROR_EXIT
+    bound (proxy/supervisor/workers.py: SETTINGS_ERROR_EXIT, BIND_ERROR_EXIT)."""
+    from proxy.supervisor.workers import BIND_ERROR_EXIT, SETTINGS_ERROR_EXIT
 
     try:
         settings = _settings_from_args(args)
@@ -294,7 +295,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
         _tune_malloc()
         if args.workers != 1:
-            from proxy.fleet.workers import supervise
+            from proxy.supervisor.workers import supervise
 
             return supervise(args, settings)
         try:
@@ -310,7 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
     from cli.capacity import run_command
-    from proxy.fleet.workers import SETTINGS_ERROR_EXIT
+    from proxy.supervisor.workers import SETTINGS_ERROR_EXIT
 
     try:
         return run_command(args)

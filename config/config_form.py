@@ -1,8 +1,9 @@
 """Kafka's config form for client quotas: entity paths and config documents, as Kafka wrote them.
 
-Why one module: the ZooKeeper source (``config/zookeeper.py``, Kafka's znode layout) and the Kafka topic
-source (``config/kafka_quotas.py``, records keyed by the same paths) store an entity's quotas the same
-way, so operators read one format wherever the quotas live. Pure: strings and bytes in and out.
+Why one module: the ZooKeeper source (``config/zookeeper.py``, in Kafka's znode layout:
+``config/zookeeper_layout.py``) and the Kafka topic source (``config/kafka_quotas.py``, records keyed by
+the same paths) store an entity's quotas the same way, so operators read one format wherever the quotas
+live. Pure: strings and bytes in and out.
 
     users/<user>                              user entity
     users/<user>/clients/<client-id>          (user, client-id) entity

@@ -2,7 +2,8 @@
 
 Without the table no events are written and the quota engine counts nothing for them. With it,
 every `interval_ms` the proxy writes one JSON event per active (user, client-id) to `topic`
-(proxy/observability/usage_events.py; the schema is in README "Usage history and reports"):
+(proxy/observability/usage_events.py; the event's schema: proxy/observability/usage_event_schema.py,
+described in docs/usage-history.md):
 
 ```toml
 [usage]

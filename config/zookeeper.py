@@ -1,22 +1,8 @@
 """Quotas in ZooKeeper, in Kafka's own znode layout, shared by every proxy pointed at the same ensemble.
 
-Why Kafka's layout: operators of ZooKeeper-era Kafka already have tooling, habits and data in it, and a
-broker and a proxy (or many proxies) can read the same quotas. What this module reads and writes, under an
-optional chroot (``/kafka`` ...), exactly as Kafka 3.x's ``AdminZkClient``/``ZkAdminManager`` did:
-
-    /config/users/<user>                              user entity
-    /config/users/<user>/clients/<client-id>          (user, client-id) entity
-    /config/clients/<client-id>                       client-id entity
-    /config/ips/<ip>                                  ip entity (KIP-612), an address or <default>
-    /config/changes/config_change_<seq>               change notifications for ZooKeeper-mode brokers
-
-An ip entity's node is named by the address as Kafka names it (not sanitized). A CIDR prefix, which Kafka
-does not have, writes its "/" as "%2F" (``ips/10.1.0.0%2F16``), since a znode name cannot hold a "/".
-Both user and client-id names are sanitized in paths (Kafka's ``Sanitizer``: percent-encoding of every
-UTF-8 byte outside ``[A-Za-z0-9._-]``); ``<default>`` names a default entity. Node data is
-``{"version":1,"config":{"producer_byte_rate":"1024","request_percentage":"50.0"}}``: every value a
-string, byte rates written as longs and the other quotas as Java doubles. User nodes also hold SCRAM
-credentials (``SCRAM-SHA-256`` ...), which are ignored when reading and kept when writing.
+The quota source (and the admin API's store) that reads, watches and writes the nodes; where they live
+and what they hold is ``config/zookeeper_layout.py`` (paths, change notifications) and
+``config/config_form.py`` (entity paths, node data).
 
 How changes arrive: every node read sets a one-shot watch; any watch event or reconnection wakes one
 background thread, which (after a short debounce) re-reads the whole tree, re-arming every watch, and
@@ -29,7 +15,6 @@ session after expiry) and the reconnection triggers a full resynchronisation.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -55,33 +40,28 @@ from quotas.entity import QuotaEntity
 from quotas.types import QuotaType
 
 from .config_form import (
-    CONFIG_VERSION,
     check_value,
     decode_config,
     encode_config,
     entity_for_path,
     entity_path,
     format_value,
-    java_double,
     parse_quota_config,
 )
 from .quotas import QuotaConfigError
-
-__all__ = [  # the config-form helpers moved to config_form.py and are still imported from here
-    "CONFIG_VERSION", "ZooKeeperQuotaError", "ZooKeeperQuotas", "decode_config", "encode_config",
-    "entity_for_path", "entity_path", "format_value", "java_double", "normalize_chroot",
-    "parse_quota_config",
-]
+from .zookeeper_layout import (
+    CHANGE_PREFIX,
+    NOTIFICATION_EXPIRY_S,
+    change_notification,
+    changes_path,
+    client_of_user,
+    config_root,
+    is_change_notification,
+    normalize_chroot,
+)
 
 log = logging.getLogger("kthrottle.config.zookeeper")
 
-#: Version field Kafka writes on change notifications (entity config nodes: ``CONFIG_VERSION``, 1).
-NOTIFICATION_VERSION = 2
-#: Kafka's ``ConfigEntityChangeNotificationSequenceZNode.SequenceNumberPrefix``.
-CHANGE_PREFIX = "config_change_"
-#: Kafka's brokers delete change notifications older than this (``ZkNodeChangeNotificationListener``); a
-#: proxy that is the only writer does the same, or /config/changes would grow forever.
-NOTIFICATION_EXPIRY_S = 15 * 60
 #: Let a burst of watch events (one alter touches a node, its parents and /config/changes) settle into
 #: one re-read; small next to the one second within which a change must be live.
 DEBOUNCE_S = 0.05
@@ -93,25 +73,8 @@ ALTER_ATTEMPTS = 5
 RECONNECT_MAX_DELAY_S = 2.0
 
 
-
 class ZooKeeperQuotaError(RuntimeError):
     """ZooKeeper could not be reached, read or written; the message names the ensemble."""
-
-
-# --------------------------------------------------------------------------------------------- layout
-
-
-def normalize_chroot(chroot: str) -> str:
-    """``""``, ``"/"`` and ``"kafka/"`` become ``""``, ``""`` and ``"/kafka"``: a prefix to join paths to."""
-    path = chroot.strip().strip("/")
-    if not path:
-        return ""
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise ValueError(f'ZooKeeper chroot {chroot!r} is not a valid path like "/kafka"')
-    return "/" + path
-
-
-# --------------------------------------------------------------------------------------------- source
 
 
 class ZooKeeperQuotas:
@@ -139,7 +102,7 @@ class ZooKeeperQuotas:
         self.chroot = normalize_chroot(chroot)
         self.timeout = timeout
         self._on_change = on_change
-        self._root = f"{self.chroot}/config"
+        self._root = config_root(self.chroot)
         self._where = f"{hosts}{self.chroot}"
         self._client: KazooClient | None = None
         self._lock = threading.Lock()
@@ -256,12 +219,8 @@ class ZooKeeperQuotas:
     ) -> None:
         relative = entity_path(entity)
         path = f"{self._root}/{relative}"
-        changes_path = f"{self._root}/changes"
-        notification = json.dumps(
-            {"version": NOTIFICATION_VERSION, "entity_path": relative},
-            separators=(",", ":"),
-            ensure_ascii=False,
-        ).encode("utf-8")
+        changes = changes_path(self._root)
+        notification = change_notification(relative)
         for _attempt in range(ALTER_ATTEMPTS):
             data, stat = self._get_or_none(client, path)
             try:
@@ -276,7 +235,7 @@ class ZooKeeperQuotas:
                     config.pop(quota_type.value, None)
                 else:
                     config[quota_type.value] = format_value(quota_type, value)
-            self._wait(client.ensure_path_async(changes_path))
+            self._wait(client.ensure_path_async(changes))
             txn = client.transaction()
             if config or (stat is not None and stat.numChildren > 0):
                 if stat is None:
@@ -287,7 +246,7 @@ class ZooKeeperQuotas:
             elif stat is not None:
                 for delete_path, version in self._empty_nodes(client, relative, path, stat):
                     txn.delete(delete_path, version=version)
-            txn.create(f"{changes_path}/{CHANGE_PREFIX}", notification, sequence=True)
+            txn.create(f"{changes}/{CHANGE_PREFIX}", notification, sequence=True)
             results = self._wait(txn.commit_async())
             failures = [r for r in results if isinstance(r, Exception)]
             if not failures:
@@ -306,10 +265,10 @@ class ZooKeeperQuotas:
     ) -> list[tuple[str, int]]:
         """Nodes to delete, deepest first, with versions, for an entity left empty (tryCleanQuotaNodes)."""
         doomed = [(path, stat.version)]
-        parts = relative.split("/")
-        if len(parts) == 4:  # users/<u>/clients/<c>: the clients node, then the user node, may go too
+        client_id = client_of_user(relative)
+        if client_id is not None:  # users/<u>/clients/<c>: the clients node, then the user node, may go too
             clients_path = path.rsplit("/", 1)[0]
-            if self._wait(client.get_children_async(clients_path)) == [parts[3]]:
+            if self._wait(client.get_children_async(clients_path)) == [client_id]:
                 doomed.append((clients_path, -1))
                 user_path = clients_path.rsplit("/", 1)[0]
                 user_data, user_stat = self._get_or_none(client, user_path)
@@ -323,15 +282,13 @@ class ZooKeeperQuotas:
 
     def _purge_notifications(self, client: KazooClient) -> None:
         """Delete change notifications older than Kafka's expiry, as its brokers would; best effort."""
-        changes_path = f"{self._root}/changes"
+        changes = changes_path(self._root)
         try:
-            names = [
-                n for n in self._wait(client.get_children_async(changes_path)) if n.startswith(CHANGE_PREFIX)
-            ]
-            pending = {name: client.exists_async(f"{changes_path}/{name}") for name in names}
+            names = [n for n in self._wait(client.get_children_async(changes)) if is_change_notification(n)]
+            pending = {name: client.exists_async(f"{changes}/{name}") for name in names}
             cutoff_ms = (time.time() - NOTIFICATION_EXPIRY_S) * 1000
             deletes = [
-                client.delete_async(f"{changes_path}/{name}")
+                client.delete_async(f"{changes}/{name}")
                 for name, result in pending.items()
                 if (stat := self._wait(result)) is not None and stat.ctime < cutoff_ms
             ]
@@ -553,15 +510,4 @@ def _close_quietly(client: KazooClient) -> None:
         log.debug("closing the ZooKeeper client failed: %r", exc)
 
 
-__all__ = [
-    "ZooKeeperQuotaError",
-    "ZooKeeperQuotas",
-    "decode_config",
-    "encode_config",
-    "entity_for_path",
-    "entity_path",
-    "format_value",
-    "java_double",
-    "normalize_chroot",
-    "parse_quota_config",
-]
+__all__ = ["ZooKeeperQuotaError", "ZooKeeperQuotas"]

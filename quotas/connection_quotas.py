@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -428,13 +428,22 @@ class ConnectionQuotas:
         if first and self._on_urgent is not None:
             self._on_urgent()
 
-    def ip_usage(self, now_ms: int, keys: set[str] | None = None) -> list[IpBucketUsage]:
-        """Every charged IP bucket's absolute windowed count and rate, or those of `keys` (buckets
-        no entity leads to are left out: peers drop them as they age). What is listed counts as
-        told to peers."""
+    def ip_usage(self, now_ms: int, keys: Iterable[str] | None = None) -> list[IpBucketUsage]:
+        """Every charged IP bucket's absolute windowed count and rate, or those of `keys`, in their
+        order (a key whose bucket has gone is skipped). Buckets no entity leads to are left out:
+        peers drop them as they age. What is listed counts as told to peers.
+
+        `keys` are looked up one by one, so measuring a slice of a full report's listing costs the
+        slice, not every live bucket (up to `max_buckets`) for each slice."""
+        buckets = self.buckets
+        listed: Iterable[tuple[str, _IpBucket]]
+        if keys is None:
+            listed = buckets.items()
+        else:
+            listed = ((key, bucket) for key in keys if (bucket := buckets.get(key)) is not None)
         out: list[IpBucketUsage] = []
-        for key, bucket in self.buckets.items():
-            if bucket.bound is None or (keys is not None and key not in keys):
+        for key, bucket in listed:
+            if bucket.bound is None:
                 continue
             rate = bucket.rate.measure(now_ms)
             bucket.reported = rate

@@ -414,7 +414,7 @@ class QuotaEngine:
     def list_usage(self, quota_type: UsageKind, keys: Sequence[BucketKey], now_ms: int) -> list[UsageEntry]:
         """Measure and list a slice of `full_listing`'s buckets."""
         if quota_type is QuotaType.CONNECTION_CREATION:
-            return self._ip_buckets(self.connections.ip_usage(now_ms, {key.client_id for key in keys}))
+            return self._ip_buckets(self.connections.ip_usage(now_ms, [key.client_id for key in keys]))
         if quota_type is QuotaType.CONTROLLER_MUTATION:
             return self.controller_mutation.count_usage(keys)
         if isinstance(quota_type, CapacityStream):

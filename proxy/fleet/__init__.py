@@ -1,2 +1,2 @@
 """Several proxies (or `--workers` processes) holding one quota: the usage exchange, who is in the
-fleet, starting it, and the worker supervisor."""
+fleet, and starting it. The `--workers` supervisor is `proxy/supervisor/`."""

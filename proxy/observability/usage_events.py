@@ -2,10 +2,11 @@
 
 The quota engine counts every charge in a `quotas.usage.UsageAccount`; every `[usage] interval_ms`
 (aligned to wall-clock multiples, so proxies' intervals line up) this writer takes the interval,
-resolves the quotas in force for each entity, encodes the events (schema below) on the event loop
-a slice at a time, and hands them to one thread that owns a kafka-python KafkaProducer
-(enable_idempotence, acks=all) bootstrapped straight at the cluster, not through the proxy's
-listeners, so the events are never charged to anyone. Nothing here runs on the request path:
+resolves the quotas in force for each entity, encodes the events (their schema and encoding:
+proxy/observability/usage_event_schema.py) on the event loop a slice at a time, and hands them to
+one thread that owns a kafka-python KafkaProducer (enable_idempotence, acks=all) bootstrapped
+straight at the cluster, not through the proxy's listeners, so the events are never charged to
+anyone. Nothing here runs on the request path:
 
 - The thread waits for the cluster, never the loop. Intervals wait in a queue bounded by
   `max_pending_intervals` and `buffer_memory` (bytes queued plus bytes handed to the producer and not
@@ -17,20 +18,6 @@ listeners, so the events are never charged to anyone. Nothing here runs on the r
   absent (counted).
 - On shutdown the current interval is taken and sent with a bounded wait (SHUTDOWN_TIMEOUT_S); what
   cannot be sent by then is lost. A restart loses at most the current interval.
-
-Event (schema 1; key: the JSON array [user, client_id]):
-
-    {"schema": 1, "proxy": {"host", "listen", "pid", "member", "fleet"},
-     "interval": {"start_ms", "end_ms", "seq"}, "user", "client_id", "produce_bytes", "fetch_bytes",
-     "requests": {"Produce": 10, ...}, "request_time_ms", "new_producer_ids",
-     "throttles": {"producer_byte_rate": {"count", "time_ms"}},
-     "capacity_throttles": {"producer_byte_rate": {"count", "time_ms"}},
-     "quotas": {"producer_byte_rate": 1e6}}
-
-`throttles` counts the throttles a quota decided, under that quota's key; `capacity_throttles` the
-ones the cluster capacity decided (the tenant was above its fair share), under the direction's
-quota key, in the same shape. A response throttled by both is counted once, under the larger
-(quotas.engine). Both are `{}` when nothing was throttled.
 """
 
 from __future__ import annotations
@@ -38,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
-import os
 import ssl
 import threading
 import time
@@ -53,13 +38,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from config.cluster_login import client_configs
 from config.settings import Address, ProxySettings
 from config.usage import UsageSettings
-from protocol.apis import api_name
 from quotas.engine import QuotaEngine
-from quotas.usage import OTHER, EntityUsage, UsageAccount, UsageInterval
+from quotas.usage import UsageAccount
+
+from .usage_event_schema import ProxyIdentity, encode_events
 
 log = logging.getLogger("kthrottle.usage")
 
-SCHEMA_VERSION = 1
 #: Entities encoded per slice on the event loop before it serves connections again (~5 ms each).
 ENCODE_SLICE = 1000
 #: Kafka's producer max.block.ms is 60 s; the writer's thread blocks no longer than this in one
@@ -81,71 +66,6 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyIdentity:
-    """Who wrote an event: this proxy process."""
-
-    host: str
-    listen: str
-    pid: int
-    #: the fleet member id (16 hex digits) and fleet name; None for a lone proxy
-    member: str | None = None
-    fleet: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"host": self.host, "listen": self.listen, "pid": self.pid, "member": self.member,
-                "fleet": self.fleet}
-
-
-def event_key(user: str, client_id: str) -> bytes:
-    """The record key: one entity's events stay on one partition, in order."""
-    return json.dumps([user, client_id], ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def build_event(identity: dict[str, Any], interval: UsageInterval, user: str, client_id: str,
-                usage: EntityUsage, quotas: dict[str, float], folded: int = 0) -> dict[str, Any]:
-    """One event as a JSON-ready dict (schema 1)."""
-    event: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "proxy": identity,
-        "interval": {"start_ms": interval.start_ms, "end_ms": interval.end_ms, "seq": interval.seq},
-        "user": user or "ANONYMOUS",
-        "client_id": client_id,
-        "produce_bytes": usage.produce_bytes,
-        "fetch_bytes": usage.fetch_bytes,
-        "requests": {api_name(key): count for key, count in sorted(usage.requests.items())},
-        "request_time_ms": round(usage.request_time_ms, 3),
-        "new_producer_ids": usage.new_producer_ids,
-        "throttles": {quota_type.value: {"count": count, "time_ms": time_ms}
-                      for quota_type, (count, time_ms) in usage.throttles.items()},
-        "capacity_throttles": {direction.value: {"count": count, "time_ms": time_ms}
-                               for direction, (count, time_ms) in usage.capacity_throttles.items()},
-        "quotas": quotas,
-    }
-    if folded:
-        event["folded_entities"] = folded
-    return event
-
-
-def encode_events(engine: QuotaEngine, identity: dict[str, Any], interval: UsageInterval,
-                  keys: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    """Records of `keys` (a slice of the interval's entities), quotas resolved now."""
-    records = []
-    for user, client_id in keys:
-        usage = interval.entities[(user, client_id)]
-        if (user, client_id) == (OTHER, OTHER):
-            quotas: dict[str, float] = {}
-            folded = interval.folded_entities
-        else:
-            quotas = {quota_type.value: value
-                      for quota_type, value in engine.quotas_for(user, client_id).items()}
-            folded = 0
-        event = build_event(identity, interval, user, client_id, usage, quotas, folded)
-        value = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
-        records.append((event_key(event["user"], client_id), value))
-    return records
 
 
 class UsageMetrics:
@@ -447,11 +367,4 @@ class UsageEventWriter:
             await asyncio.get_running_loop().run_in_executor(None, self._sender.stop, SHUTDOWN_TIMEOUT_S)
 
 
-def proxy_identity(settings: ProxySettings, bootstrap: Address, member: str | None,
-                   fleet: str | None) -> ProxyIdentity:
-    host, port = bootstrap
-    return ProxyIdentity(settings.advertised, f"{host}:{port}", os.getpid(), member, fleet)
-
-
-__all__ = ["SCHEMA_VERSION", "ProxyIdentity", "UsageEventWriter", "UsageMetrics", "build_event",
-           "encode_events", "event_key", "proxy_identity"]
+__all__ = ["UsageEventWriter", "UsageMetrics"]

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import pytest
 
 from harness.local_kafka import LocalKafka
-from proxy.fleet.workers import BIND_ERROR_EXIT
+from proxy.supervisor.workers import BIND_ERROR_EXIT
 
 from .proxies import REPO, free_port_block
 

@@ -18,15 +18,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from config.config_form import entity_for_path, entity_path, format_value, java_double
 from config.quotas import QuotaConfigError
-from config.zookeeper import (
-    ZooKeeperQuotaError,
-    ZooKeeperQuotas,
-    entity_for_path,
-    entity_path,
-    format_value,
-    java_double,
-)
+from config.zookeeper import ZooKeeperQuotaError, ZooKeeperQuotas
 from harness.local_zookeeper import ZOOKEEPER_VERSION, LocalZooKeeper, four_letter_word
 from harness.ports import free_port_block
 from quotas.engine import QuotaTable

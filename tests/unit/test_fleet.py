@@ -12,6 +12,8 @@ import hmac
 import itertools
 import random
 import struct
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -711,6 +713,64 @@ def test_a_full_listing_measured_in_slices_lists_what_local_usage_lists() -> Non
             sliced += sliced_engine.list_usage(quota_type, keys[start:start + 333], 5_000)
     assert len(whole) == 5000
     assert order(sliced) == whole
+
+
+class _CountingBuckets(OrderedDict[str, object]):
+    """The IP buckets, counting each bucket looked at: walked over or looked up by its key."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for key in super().__iter__():
+            self.visited += 1
+            yield key
+
+    def items(self) -> Iterator[tuple[str, object]]:  # type: ignore[override]
+        for item in super().items():
+            self.visited += 1
+            yield item
+
+    def values(self) -> Iterator[object]:  # type: ignore[override]
+        for value in super().values():
+            self.visited += 1
+            yield value
+
+    def get(self, key: str, default: object = None) -> object:
+        self.visited += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> object:
+        self.visited += 1
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.visited += 1
+        return super().__contains__(key)
+
+
+def test_a_slice_of_ip_buckets_is_measured_without_walking_every_bucket() -> None:
+    """A full report lists the IP buckets (up to 50,000) a slice at a time: each slice looks at its
+    own buckets only, so the whole listing costs the buckets listed, not buckets x slices."""
+    engine = QuotaEngine()
+    engine.set_quotas({QuotaEntity(None, None, DEFAULT): {QuotaType.CONNECTION_CREATION: 100.0}})
+    for n in range(3000):
+        engine.connections.check_ip("L", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}", 1_000 + n)
+    assert engine.connections.live_buckets == 3000
+    counting = _CountingBuckets(engine.connections.buckets)
+    engine.connections.buckets = counting  # type: ignore[assignment]
+    listing = dict(engine.full_listing())[QuotaType.CONNECTION_CREATION]
+    assert len(listing) == 3000
+    sliced: list[UsageEntry] = []
+    for start in range(0, len(listing), 100):
+        keys = listing[start:start + 100]
+        counting.visited = 0
+        measured = engine.list_usage(QuotaType.CONNECTION_CREATION, keys, 5_000)
+        assert [e.client_id for e in measured] == [key.client_id for key in keys]
+        visited = counting.visited
+        assert visited <= 2 * len(keys), f"{visited} buckets looked at to measure {len(keys)}"
+        sliced += measured
+    whole = [e for e in engine.local_usage(5_000) if e.quota is QuotaType.CONNECTION_CREATION]
+    assert sliced == whole and all(e.rate > 0 for e in whole)
 
 
 def test_a_senders_kept_names_give_the_same_datagrams_and_stay_bounded() -> None:

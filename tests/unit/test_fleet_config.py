@@ -15,7 +15,7 @@ from config.fleet import (
     parse_fleet_table,
 )
 from config.settings import ProxySettings, SettingsError, load_settings
-from proxy.fleet.workers import LOOPBACK_FLEET_NAME, WORKER_ENV, configure_worker
+from proxy.supervisor.workers import LOOPBACK_FLEET_NAME, WORKER_ENV, configure_worker
 from quotas.fleet import MAX_FLEET_NAME_BYTES, MIN_SECRET_BYTES
 
 SECRET = "s" * 32

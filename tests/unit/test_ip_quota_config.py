@@ -12,10 +12,10 @@ import pytest
 from config.admin import INVALID_REQUEST, apply_changes, describe, plan_alter
 from config.client_addresses import parse_client_addresses
 from config.common import SettingsError
+from config.config_form import entity_for_path, entity_path, format_value
 from config.quotas import QuotaConfigError, load_quota_file, parse_quotas
 from config.settings import load_settings
 from config.store import render
-from config.zookeeper import entity_for_path, entity_path, format_value
 from protocol.client_quotas import (
     MATCH_DEFAULT,
     MATCH_EXACT,

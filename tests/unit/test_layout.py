@@ -24,7 +24,8 @@ PACKAGES = ("protocol", "quotas", "config", "proxy", "cli", "top", "harness", "r
 #: The runtime's own modules, directly in proxy/: listeners and their accept loops, one client
 #: connection, its ordered writer, TLS contexts, and the narrow interface between listeners and sessions.
 PROXY_RUNTIME = {"__init__", "server", "acceptor", "session", "session_context", "ordered_writer", "tls"}
-PROXY_SUBPACKAGES = {"admin", "capacity", "client_address", "fleet", "limits", "observability", "upstream"}
+PROXY_SUBPACKAGES = {"admin", "capacity", "client_address", "fleet", "limits", "observability",
+                     "supervisor", "upstream"}
 
 #: What the pure packages may import besides each other and the standard library.
 PURE_ALLOWED = {"kafka", "cryptography"}

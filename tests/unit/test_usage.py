@@ -1,5 +1,5 @@
 """Usage accounting (quotas/usage.py), its feed from the quota engine and the connection, the
-events' JSON (proxy/observability/usage_events.py) and the `[usage]` table (config/usage.py)."""
+events' JSON (proxy/observability/usage_event_schema.py) and the `[usage]` table (config/usage.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from config.usage import DEFAULT_TOPIC, SASL_PASSWORD_ENV, parse_usage_table
 from protocol.apis import ApiKey
 from protocol.connection import ProxyConnection
 from protocol.frames import frame
-from proxy.observability.usage_events import ProxyIdentity, build_event, encode_events, event_key
+from proxy.observability.usage_event_schema import ProxyIdentity, build_event, encode_events, event_key
 from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import DEFAULT, BucketKey, QuotaEntity
