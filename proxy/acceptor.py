@@ -9,8 +9,10 @@ connection is read or a TLS handshake starts (a storm against a TLS listener cos
 2. on a listener with `proxy_protocol`, take the client's address from the PROXY header, only from a
    trusted load balancer (anything else is closed, with the reason logged);
 3. the client address's `connection_creation_rate` (KIP-612): a connection over it is accepted but
-   never served, and closed when its throttle ends (Kafka's DelayedCloseSocket); it is un-recorded,
-   so a client that backs off is not charged twice;
+   never read, and closed at the first turn of this accept loop after its throttle ends (Kafka's
+   DelayedCloseSocket and `closeThrottledConnections`: a turn per accepted connection, or 500 ms
+   without one; quotas/throttled_sockets.py); it is un-recorded, so a client that backs off is not
+   charged twice;
 4. `max_connections` and the per-IP counts (`max_connections_per_ip` and its overrides): refused
    at once with a clean close;
 5. the session (`ClientSession`) takes the socket.
@@ -31,6 +33,7 @@ from config.common import Address
 from config.settings import ProxySettings
 from protocol.proxy_header import ProxyHeaderError
 from quotas.connection_quotas import ConnectionQuotas
+from quotas.throttled_sockets import ThrottledSockets
 
 from .client_address.proxy_header import client_from_header, read_proxy_header
 from .limits.admission import ConnectionLimits
@@ -60,37 +63,74 @@ class AcceptorContext(Protocol):
 
 
 class DelayedClose:
-    """Connections throttled by their address's quota, each closed when its throttle ends.
+    """The runtime of `quotas.throttled_sockets`: closes what each acceptor turn returns.
 
-    They hold a descriptor each while they wait (at most one quota window), so they are bounded:
-    past `limit` a throttled connection is closed at once (still counted as throttled).
+    A turn is taken after every connection a listener accepts and, while the listener holds
+    throttled connections, when its select would time out (one loop timer per listener, re-armed
+    lazily: no task or timer per connection, nothing runs while nothing is held). While a listener's
+    accept loop waits out a connection-creation rate, it takes no turn (Kafka's acceptor thread
+    blocks in `waitForConnectionSlot`).
     """
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._held: dict[int, tuple[socket.socket, asyncio.TimerHandle]] = {}
+    def __init__(self, max_throttled_connections: int) -> None:
+        self.sockets: ThrottledSockets[socket.socket] = ThrottledSockets(max_throttled_connections)
+        #: listener -> (its select timeout timer, when it is due in ms)
+        self._timers: dict[str, tuple[asyncio.TimerHandle, int]] = {}
+        self._waiting: set[str] = set()
 
-    def hold(self, sock: socket.socket, delay_ms: int) -> None:
-        if len(self._held) >= self.limit:
+    def hold(self, listener: str, sock: socket.socket, start_ms: int, throttle_ms: int) -> bool:
+        """Keep `sock` (never read) until the first turn after its throttle; False: closed at once,
+        the queues being full."""
+        if not self.sockets.throttle(listener, sock, start_ms, throttle_ms):
             sock.close()
-            return
-        key = id(sock)
-        handle = asyncio.get_running_loop().call_later(delay_ms / 1000.0, self._close, key)
-        self._held[key] = (sock, handle)
+            return False
+        self._arm(listener, _now_ms())
+        return True
 
-    def _close(self, key: int) -> None:
-        held = self._held.pop(key, None)
-        if held is not None:
-            held[0].close()
+    def turn(self, listener: str, now_ms: int) -> None:
+        """One turn of `listener`'s acceptor loop: close every socket whose throttle has ended."""
+        for sock in self.sockets.turn(listener, now_ms):
+            sock.close()
+        self._arm(listener, now_ms)
+
+    def waiting(self, listener: str, waits: bool) -> None:
+        """The listener's accept loop waits out an accept delay (True) or goes on (False)."""
+        if waits:
+            self._waiting.add(listener)
+        else:
+            self._waiting.discard(listener)
+
+    def _arm(self, listener: str, now_ms: int) -> None:
+        due = self.sockets.next_turn_ms(listener, now_ms)
+        armed = self._timers.get(listener)
+        if due is None or (armed is not None and armed[1] <= due):
+            return  # nothing held, or a timer fires first and re-arms then
+        if armed is not None:
+            armed[0].cancel()
+        loop = asyncio.get_running_loop()
+        handle = loop.call_at(loop.time() + (due - now_ms) / 1000.0, self._timeout, listener, due)
+        self._timers[listener] = (handle, due)
+
+    def _timeout(self, listener: str, due: int) -> None:
+        self._timers.pop(listener, None)
+        now_ms = _now_ms()
+        if listener in self._waiting:
+            return  # the accept loop turns when its wait ends
+        if not self.sockets.select_timed_out(listener, due):  # a connection turned the loop since
+            self._arm(listener, now_ms)
+            return
+        # the select timed out at `due` (the loop clock may read a millisecond early)
+        self.turn(listener, max(now_ms, due))
 
     def close_all(self) -> None:
-        for sock, handle in self._held.values():
+        for handle, _due in self._timers.values():
             handle.cancel()
+        self._timers.clear()
+        for sock in self.sockets.drain():
             sock.close()
-        self._held.clear()
 
     def __len__(self) -> int:
-        return len(self._held)
+        return self.sockets.held()
 
 
 class Acceptor:
@@ -134,13 +174,19 @@ class Acceptor:
             delay_ms, reason = quotas.accept_delay(self.listener, _now_ms())
             if delay_ms > 0:
                 metrics.accept_delayed(self.listener, reason, delay_ms)
-                await asyncio.sleep(delay_ms / 1000.0)
+                self._delayed.waiting(self.listener, True)
+                try:
+                    await asyncio.sleep(delay_ms / 1000.0)
+                finally:
+                    self._delayed.waiting(self.listener, False)
             try:
                 self._accepted(conn, (str(peer[0]), int(peer[1])))
             except Exception:  # a bug must cost this connection, never the listener
                 log.exception("listener %s: a connection from %s failed before its session",
                               self.listener, peer)
                 conn.close()
+            # the end of a turn of Kafka's acceptor loop: close the throttled connections whose time came
+            self._delayed.turn(self.listener, _now_ms())
 
     def _accepted(self, conn: socket.socket, peer: Address) -> None:
         if not self._proxy_versions:
@@ -172,12 +218,16 @@ class Acceptor:
         context = self.context
         metrics = context.connection_metrics
         ip = client[0]
-        decision = context.connection_quotas.check_ip(self.listener, ip, _now_ms())
+        now_ms = _now_ms()
+        decision = context.connection_quotas.check_ip(self.listener, ip, now_ms)
         if not decision.accepted:
             metrics.throttled("ip_quota", self.listener)
-            log.debug("listener %s: %s:%d over its connection_creation_rate %g/s (%s): closed in %d ms",
+            log.debug("listener %s: %s:%d over its connection_creation_rate %g/s (%s): closed after %d ms",
                       self.listener, *client, decision.bound, decision.bucket, decision.throttle_ms)
-            self._delayed.hold(conn, decision.throttle_ms)
+            if not self._delayed.hold(self.listener, conn, now_ms, decision.throttle_ms):
+                log.warning("listener %s: %d throttled connections already wait to be closed "
+                            "(max_connections): closed one from %s:%d at once", self.listener,
+                            len(self._delayed), *client)
             return
         refused = context.limits.admit(ip)
         if refused is not None:

@@ -80,10 +80,12 @@ class ProxyServer:
         quotas.set_max_connections_per_ip(settings.max_connections_per_ip,
                                           client_addresses.max_connections_per_ip_overrides)
         self.limits = ConnectionLimits(max_connections, per_ip_counter=quotas)
-        self.connection_metrics = ConnectionMetrics(self.metrics.registry, quotas, self.metrics.refused,
-                                                    settings.metrics_max_entities)
-        #: connections throttled by their address's quota, waiting to be closed (bounded like connections)
+        #: connections throttled by their address's quota, waiting to be closed (Kafka's throttledSockets,
+        #: which it does not bound: here at most max_connections, sized to the descriptors)
         self._delayed_close = DelayedClose(max_connections)
+        self.connection_metrics = ConnectionMetrics(self.metrics.registry, quotas, self.metrics.refused,
+                                                    settings.metrics_max_entities,
+                                                    throttled_sockets=self._delayed_close.sockets)
         self._acceptors: list[Acceptor] = []
         self.memory = RequestMemoryPool(settings.queued_max_request_bytes)
         self.metrics.queued_request_bytes.set_function(lambda: self.memory.used)

@@ -10,7 +10,11 @@ Kafka names them `connection-accept-rate` (per listener, and `broker-connection-
   throttle), `listener_rate` / `proxy_rate` (the accept was delayed);
 - `kthrottle_connection_accept_throttle_seconds_total{reason,listener}`: `connection-accept-throttle-time`;
 - `kthrottle_connections_refused_total{reason}`: closed at once, by `max_connections`,
-  `max_connections_per_ip`, `max_connections_per_ip_overrides` or `proxy_header`.
+  `max_connections_per_ip`, `max_connections_per_ip_overrides` or `proxy_header`;
+- `kthrottle_throttled_connections{listener}`: `ip_quota` connections accepted and waiting to be
+  closed (Kafka's Acceptor `throttledSockets`, which has no metric), and
+  `kthrottle_throttled_connections_closed_early_total`: those closed at once because
+  `max_connections` already waited (Kafka's queue has no bound).
 
 The per-IP series are capped like the quota series (`metrics_max_entities`): the busiest buckets
 are named, the rest fold into `ip="__other__"`. The rates are measured on the event loop that owns
@@ -21,12 +25,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from quotas.connection_quotas import ConnectionQuotas
+from quotas.throttled_sockets import ThrottledSockets
 
 #: Why a connection was closed at once (the first word of the refusal), all exported from the start
 #: so an alert sees the first refusal as an increase.
@@ -39,8 +45,9 @@ class ConnectionMetrics(Collector):
     """Counters the acceptors update, plus the connection quotas' rates read at each scrape."""
 
     def __init__(self, registry: CollectorRegistry, quotas: ConnectionQuotas, refused: Counter,
-                 max_entities: int) -> None:
+                 max_entities: int, *, throttled_sockets: ThrottledSockets[Any] | None = None) -> None:
         self.quotas = quotas
+        self.throttled_sockets = throttled_sockets
         self.max_entities = max_entities
         self._refused = refused
         for reason in REFUSAL_REASONS:
@@ -123,6 +130,18 @@ class ConnectionMetrics(Collector):
                                        "Connections charged to the shared overflow ip bucket")
         overflow.add_metric([], quotas.overflow_charges)
         self._families = [accept, proxy_rate, ip_rate, ip_limit, buckets, overflow]
+        held = self.throttled_sockets
+        if held is not None:
+            waiting = GaugeMetricFamily("kthrottle_throttled_connections", "Connections over their "
+                                        "address's connection_creation_rate, accepted, never read, waiting "
+                                        "to be closed after their throttle", labels=["listener"])
+            for listener in sorted(quotas.listeners):
+                waiting.add_metric([listener], held.held(listener))
+            early = CounterMetricFamily("kthrottle_throttled_connections_closed_early",
+                                        "Throttled connections closed at once, max_connections of them "
+                                        "already waiting to be closed")
+            early.add_metric([], held.closed_early)
+            self._families += [waiting, early]
 
 
 __all__ = ["REFUSAL_REASONS", "ConnectionMetrics"]

@@ -9,9 +9,9 @@ What a connection's outcome means against Kafka's semantics:
 
 - served: the ApiVersions answer arrived with error 0.
 - closed: the peer closed (EOF or RST) before answering. Over its IP's rate, a connection is accepted,
-  never served, and closed after a throttle of up to one quota window (1 s by default): so a storm
-  shows many connections held about a second, then closed. `Attempt.finished - Attempt.connected`
-  says how long each was held.
+  never served, and closed after a throttle of up to one quota window (1 s by default), at the
+  acceptor's next turn: a storm shows many connections held about half a second or a second, then
+  closed. `Attempt.finished - Attempt.connected` says how long each was held (`StormResult.holds`).
 - timed_out: neither within the bound.
 - connect_failed: connect() failed or did not complete in time (refused, or no free local port).
 - bad_answer: a frame came back but it is not a well-formed ApiVersions answer with error 0.
@@ -146,6 +146,24 @@ class StormResult:
             raise ValueError(f"served_rate: window [{skip_s}, {end}] is empty or negative")
         inside = sum(1 for t in self.served_times() if skip_s <= t <= end)
         return inside / (end - skip_s)
+
+    def holds(self) -> list[float]:
+        """How long each closed connection was held open before its close (seconds), sorted: against
+        an IP quota, how long a throttled connection is kept before the client may try again."""
+        return sorted(held for a in self.attempts
+                      if a.outcome is Outcome.CLOSED and (held := a.held) is not None)
+
+    def hold_quantile(self, q: float) -> float:
+        """The `q` quantile of `holds` (nearest rank; 0.0 when nothing was closed)."""
+        holds = self.holds()
+        return holds[round(q * (len(holds) - 1))] if holds else 0.0
+
+    def hold_p50(self) -> float:
+        return self.hold_quantile(0.5)
+
+    def hold_mean(self) -> float:
+        holds = self.holds()
+        return sum(holds) / len(holds) if holds else 0.0
 
     def details(self) -> Counter[str]:
         """How many attempts failed for each reason (e.g. "closed after 0 bytes": the throttle)."""

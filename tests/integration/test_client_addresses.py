@@ -12,6 +12,8 @@ fourth burst; 30 s from the start hold three bursts and read 1.16x (reported bes
 
 The storms (tests/integration/storms.py) open connection after connection from one loopback address,
 each asking ApiVersions; "served" is a right answer, "closed" a connection the proxy closed unanswered.
+Side by side with a broker (issue 27), one storm against a broker's own ip quota and then the proxy's:
+a throttled connection is held as long, so a storming client retries as often.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.quotas import alter
+from cli.quotas import alter, describe
 from harness.local_kafka import LocalKafka
 
 from .clients import (
@@ -384,3 +387,91 @@ def test_listener_rate_delays_accepts_and_serves_every_connection(kafka_cluster:
     assert summed(samples, "kthrottle_connections_refused_total") == 0
     assert sample(samples, "kthrottle_connection_accept_rate", listener="bootstrap") > 0
     assert sample(samples, "kthrottle_proxy_connection_accept_rate") > 0
+
+
+# -- 4. side by side with a broker: how long a throttled connection is held (issue 27) -------------------
+
+#: Each storm of the side-by-side test: as the issue's (32 workers, one address, 20/s), against a broker
+#: and then the proxy, this long each: five periods of the sawtooth.
+SIDE_BY_SIDE_S = 60.0
+BROKER_STORM_IP, PROXY_STORM_IP = "127.0.0.21", "127.0.0.22"
+#: How close the proxy's figures must be to the broker's, measured in the same run (kthrottle / broker).
+#: A throttled connection is held one select timeout (~500 ms) or two (~1000 ms), about half each (its
+#: throttle sweeps 0-1000 ms between the sawtooth's bursts, tests/unit/test_throttled_sockets.py), so
+#: the median sits between the two peaks and moves up to 2x with a few per cent of the holds (the
+#: broker's read 519 ms in the issue and 578 ms here, p25 507 ms, p75 1008 ms): the quartiles (one on
+#: each peak) and the mean are compared within +-30 % and +-25 %, the median is only required on the
+#: peaks' side of 500 ms for both. The served count within +-15 % (the issue saw 7 % apart), the closed
+#: connections (how often a storming client retries) within +-25 %.
+TOLERANCES = {"hold p25": 0.30, "hold p75": 0.30, "hold mean": 0.25, "served": 0.15, "closed": 0.25}
+
+
+def hold_figures(what: str, result: StormResult) -> str:
+    spread = " / ".join(f"{result.hold_quantile(q) * 1000:.0f}" for q in (0.1, 0.25, 0.5, 0.75, 0.9))
+    return (f"{what}: served {result.served}, closed {result.closed}, held p50 "
+            f"{result.hold_p50() * 1000:.0f} ms, mean {result.hold_mean() * 1000:.0f} ms "
+            f"(p10/p25/p50/p75/p90 {spread} ms); {result.summary()}")
+
+
+def wait_for_broker_ip_quota(bootstrap: str, ip: str, rate: float, timeout: float = 30.0) -> None:
+    """Until the broker describes `ip`'s connection_creation_rate as `rate` (it then enforces it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {entity.get("ip"): values.get("connection_creation_rate")
+                 for entity, values in describe(bootstrap)}
+        if found.get(ip) == rate:
+            return
+        assert time.monotonic() < deadline, f"the broker at {bootstrap} describes {found}, not {ip} = {rate}"
+        time.sleep(0.2)
+
+
+@pytest.mark.cpu_sensitive  # the storms' retry counts follow how fast the clients run
+def test_a_throttled_connection_is_held_as_long_as_a_broker_holds_it(kafka_cluster: LocalKafka,
+                                                                      tmp_path: Path) -> None:
+    """One storm (32 workers, one address over its 20/s connection_creation_rate) for SIDE_BY_SIDE_S
+    against a broker's listener, then the same against the proxy: a throttled connection is held as
+    long (TOLERANCES: quartiles within +-30 %, mean within +-25 %), so the storming client retries as
+    often (closed connections within +-25 %), and as many are served (+-15 %). Kafka closes a
+    throttled socket at the first turn of its acceptor loop after the throttle (a connection
+    accepted, or select's 500 ms with none), not at the throttle's end (~50 ms at 20/s): before the
+    proxy did so, it held them 50 ms and the client retried four times as often."""
+    node = kafka_cluster.node_ids[0]
+    broker = kafka_cluster.broker_address(node)
+    one_broker = f"{broker[0]}:{broker[1]}"
+    entity: dict[str, str | None] = {"ip": BROKER_STORM_IP}
+    assert alter(one_broker, [(entity, [("connection_creation_rate", float(RATE), False)])]) == [(0, None)]
+    try:
+        wait_for_broker_ip_quota(one_broker, BROKER_STORM_IP, float(RATE))
+        direct = storm(broker, BROKER_STORM_IP, SIDE_BY_SIDE_S)
+    finally:
+        assert alter(one_broker, [(entity, [("connection_creation_rate", 0.0, True)])]) == [(0, None)]
+    config = "[proxy]\n\n" + ip_quota(PROXY_STORM_IP, RATE)
+    with AddressProxy(kafka_cluster.bootstrap, tmp_path, config) as proxy:
+        proxied = storm(proxy.address, PROXY_STORM_IP, SIDE_BY_SIDE_S)
+        samples = proxy.metrics()
+        log = proxy.log()
+        assert proxy.alive(), log[-3000:]
+    run = f"{RATE}/s, a {SIDE_BY_SIDE_S:.0f} s storm of 32 workers"
+    report(hold_figures(f"broker {node}, ip {BROKER_STORM_IP} = {run}", direct))
+    report(hold_figures(f"kthrottle, ip {PROXY_STORM_IP} = {run}", proxied))
+    for result in (direct, proxied):
+        assert result.served > 0 and result.closed > 0, result.summary()
+        assert result.bad_answer == 0 and result.timed_out == 0, result.details()
+    def figures(result: StormResult) -> dict[str, float]:
+        return {"hold p25": result.hold_quantile(0.25), "hold p50": result.hold_p50(),
+                "hold p75": result.hold_quantile(0.75), "hold mean": result.hold_mean(),
+                "served": result.served, "closed": result.closed}
+
+    ours, theirs = figures(proxied), figures(direct)
+    ratios = {what: ours[what] / theirs[what] for what in ours}
+    report("kthrottle / broker: " + ", ".join(f"{what} {ratio:.2f}x" for what, ratio in ratios.items()))
+    # every throttled connection was closed (none is left held), none closed early for want of room
+    assert sample(samples, "kthrottle_throttled_connections", listener="bootstrap") == 0
+    assert sample(samples, "kthrottle_throttled_connections_closed_early_total") == 0
+    assert summed(samples, "kthrottle_connections_throttled_total", reason=THROTTLED_IP) >= proxied.closed
+    assert not re.search(r"Traceback|internal error", log), log[-3000:]
+    # both medians among the holds of one or two select timeouts, not a throttle's ~50 ms
+    assert 0.5 <= direct.hold_p50() <= 1.1 and 0.5 <= proxied.hold_p50() <= 1.1, (theirs, ours)
+    wrong = {what: f"{ratios[what]:.2f}x" for what, tolerance in TOLERANCES.items()
+             if not 1 - tolerance <= ratios[what] <= 1 + tolerance}
+    assert not wrong, f"kthrottle against the broker, outside the tolerances: {wrong}"
