@@ -144,3 +144,15 @@ def test_proxy_holds_the_runtime_and_one_sub_package_per_concern() -> None:
     architecture = (REPO / "docs" / "architecture.md").read_text()
     for package in sorted(packages):
         assert f"{package}/" in architecture, f"docs/architecture.md does not describe proxy/{package}/"
+
+
+def test_every_runtime_package_is_installed() -> None:
+    """pyproject.toml lists packages by hand: a new sub-package left out of it is missing from an
+    installed copy (`pip install .`, the Docker image), which then fails to start."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(REPO).parts)
+             for top in ("protocol", "quotas", "config", "proxy", "cli", "top", "harness", "reports")
+             for init in (REPO / top).rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject.toml's packages: {sorted(found - listed)}"
