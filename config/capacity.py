@@ -10,6 +10,7 @@ min_fraction = 0.1               # adaptive mode never goes below this share of 
 latency_tolerance = 2.0          # degraded: a broker's p99 above this x its healthy baseline
 decrease_factor = 0.7            # multiplicative decrease per degraded tick
 increase_step = 0.05             # additive increase per healthy tick
+controller = "aimd"              # or "gradient" (Gradient2's rule on the factor)
 ```
 
 Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
@@ -48,8 +49,10 @@ def parse_capacity_table(table: object) -> CapacityConfig:
             if not isinstance(value, bool):
                 raise SettingsError(f"capacity.adaptive = {value!r} must be true or false")
             values[key] = value
+        elif key == "controller":
+            values[key] = value  # checked by CapacityConfig, with the choices named
         else:
-            raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, "
+            raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, controller, "
                                 f"{', '.join(_RATES + _FRACTIONS)})")
     try:
         return CapacityConfig(**values)  # type: ignore[arg-type]
@@ -66,6 +69,9 @@ def capacity_from_config_form(values: Mapping[str, str]) -> CapacityConfig:
             if text not in ("true", "false"):
                 raise SettingsError(f"capacity.adaptive = {text!r} must be true or false")
             table[key] = text == "true"
+            continue
+        if key == "controller":
+            table[key] = text
             continue
         try:
             number = float(text)

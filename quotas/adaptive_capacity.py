@@ -94,12 +94,27 @@ HEALTHY = "healthy"
 REASONS = (LATENCY, ERRORS, HEALTHY)
 
 
+#: The two ways the factor follows the signals (`[capacity] controller`).
+AIMD = "aimd"
+GRADIENT = "gradient"
+CONTROLLERS = (AIMD, GRADIENT)
+
+#: The gradient controller's floor per tick (Netflix's Gradient2 clamps its gradient to [0.5, 1]).
+MIN_GRADIENT = 0.5
+#: Its smoothing: each tick moves the factor this share of the way to factor x gradient (Gradient2's
+#: default smoothing, 0.2), so one slow second moves it at most 10 %.
+GRADIENT_SMOOTHING = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class AdaptiveConfig:
     min_fraction: float = 0.1
     latency_tolerance: float = 2.0
     decrease_factor: float = 0.7
     increase_step: float = 0.05
+    #: AIMD (cut by decrease_factor on a clear signal) or GRADIENT (scale by the ratio of the
+    #: latency limit to the tick's p99, every tick, as Gradient2 does; docs/protecting-the-cluster.md)
+    controller: str = AIMD
 
 
 class FactorChange(NamedTuple):
@@ -258,6 +273,8 @@ class AdaptiveCapacity:
         self._since_decrease += 1
 
         old = self.factor
+        if config.controller == GRADIENT:
+            return self._gradient(old, worst, error_detail, hold)
         if worst is not None or error_detail:
             self._degraded_ticks += 1
             if self._degraded_ticks < DEGRADED_TICKS or self._since_decrease < DECREASE_INTERVAL_TICKS:
@@ -273,12 +290,36 @@ class AdaptiveCapacity:
             if new == old or hold:
                 return None
             reason, detail = HEALTHY, "no broker above its baseline, no strain errors"
+        return self._change(old, new, reason, detail)
+
+    def _gradient(self, old: float, worst: tuple[float, str] | None, error_detail: str,
+                  hold: bool) -> FactorChange | None:
+        """Gradient2's rule on the factor: every tick, move it towards factor x gradient, where the
+        gradient is the latency limit over the p99 seen (clamped to [MIN_GRADIENT, 1]); strain
+        errors count as the steepest gradient. Healthy ticks add `increase_step`, as Gradient2's
+        queue allowance grows its limit. No waiting for a second bad tick: the smoothing is what
+        keeps one slow second from moving it far."""
+        config = self.config
+        if worst is not None or error_detail:
+            gradient = MIN_GRADIENT if error_detail else max(MIN_GRADIENT, 1.0 / worst[0])  # type: ignore[index]
+            target = old * gradient
+            new = max(config.min_fraction, old + GRADIENT_SMOOTHING * (target - old))
+            reason, detail = (ERRORS, error_detail) if error_detail else (LATENCY, worst[1])  # type: ignore[index]
+            if new == old:
+                return None
+            return self._change(old, new, reason, f"{detail} (gradient {gradient:.2f})")
+        new = min(1.0, old + config.increase_step)
+        if new == old or hold:
+            return None
+        return self._change(old, new, HEALTHY, "no broker above its baseline, no strain errors")
+
+    def _change(self, old: float, new: float, reason: str, detail: str) -> FactorChange:
         self.factor = new
         self.reason, self.detail = reason, detail
         return FactorChange(old, new, reason, detail)
 
 
 __all__ = [
-    "API_NAMES", "ERRORS", "HEALTHY", "LATENCY", "MIN_STRAINED_TENANTS", "REASONS", "STRAIN_ERRORS",
-    "AdaptiveCapacity", "AdaptiveConfig", "FactorChange", "p99",
+    "AIMD", "API_NAMES", "CONTROLLERS", "ERRORS", "GRADIENT", "HEALTHY", "LATENCY", "MIN_STRAINED_TENANTS",
+    "REASONS", "STRAIN_ERRORS", "AdaptiveCapacity", "AdaptiveConfig", "FactorChange", "p99",
 ]

@@ -115,6 +115,7 @@ class CapacityConfig:
     latency_tolerance: float = 2.0
     decrease_factor: float = 0.7
     increase_step: float = 0.05
+    controller: str = "aimd"
 
     def __post_init__(self) -> None:
         for name in ("produce_byte_rate", "fetch_byte_rate", "request_percentage"):
@@ -127,6 +128,8 @@ class CapacityConfig:
             raise CapacityError(f"capacity.latency_tolerance = {self.latency_tolerance!r} must be > 1")
         if not 0 < self.decrease_factor < 1:
             raise CapacityError(f"capacity.decrease_factor = {self.decrease_factor!r} must be in (0, 1)")
+        if self.controller not in ("aimd", "gradient"):
+            raise CapacityError(f"capacity.controller = {self.controller!r} must be \"aimd\" or \"gradient\"")
         if not 0 < self.increase_step <= 1:
             raise CapacityError(f"capacity.increase_step = {self.increase_step!r} must be in (0, 1]")
         if not self.adaptive and self.static() == {}:

@@ -88,7 +88,8 @@ def _tuning(config: CapacityConfig | None) -> AdaptiveConfig | None:
     if config is None or not config.adaptive:
         return None
     return AdaptiveConfig(min_fraction=config.min_fraction, latency_tolerance=config.latency_tolerance,
-                          decrease_factor=config.decrease_factor, increase_step=config.increase_step)
+                          decrease_factor=config.decrease_factor, increase_step=config.increase_step,
+                          controller=config.controller)
 
 
 def _show(config: CapacityConfig | None) -> str:

@@ -117,12 +117,14 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 
 def produce_for(bootstrap: str, topic: str, seconds: float, value_size: int = 10_000,
-                offered_rate: float | None = None, **config: object) -> RunResult:
-    """librdkafka for `seconds`, at full speed or at `offered_rate` bytes/s; every delivery is timed."""
+                offered_rate: float | None = None, value: bytes | None = None, **config: object) -> RunResult:
+    """librdkafka for `seconds`, at full speed or at `offered_rate` bytes/s; every delivery is timed.
+    `value`: every record's value (`value_size` bytes of "x" when not given)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1,
                          "queue.buffering.max.kbytes": 4096, **config})
     result = RunResult(time.monotonic())
-    value = b"x" * value_size
+    value = b"x" * value_size if value is None else value
+    value_size = len(value)
     lock = threading.Lock()
 
     def report(err: KafkaError | None, msg: object) -> None:

@@ -5,11 +5,14 @@ the tests of one tenant alone say `tenants=1`."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from quotas.adaptive_capacity import (
     DEGRADED_TICKS,
     ERRORS,
+    GRADIENT,
     HEALTHY,
     LATENCY,
     MIN_SAMPLES,
@@ -196,3 +199,25 @@ def test_a_broker_the_proxy_cannot_reach_cuts_the_factor() -> None:
     controller.observe_unreachable(2)  # fewer than MIN_ERRORS in a tick: a blip, not a cut
     feed(controller, 10.0)
     assert controller.tick(light=False) is not None and controller.factor > change.new
+
+
+def test_the_gradient_controller_scales_by_the_latency_ratio_every_tick() -> None:
+    controller = AdaptiveCapacity(AdaptiveConfig(controller=GRADIENT))
+    feed(controller, 10.0)
+    controller.tick(light=True)  # baseline 10 ms: the limit is 2 x 10 + 5 = 25 ms
+    feed(controller, 50.0)  # twice the limit: gradient 0.5, smoothed to 0.2 of the way
+    change = controller.tick(light=False)
+    assert change is not None and change.reason == LATENCY and "(gradient 0.50)" in change.detail
+    assert change.new == pytest.approx(0.9)
+    feed(controller, 31.25)  # 1.25 x the limit: gradient 0.8
+    assert controller.tick(light=False).new == pytest.approx(0.9 * (1 - 0.2 * 0.2))  # type: ignore[union-attr]
+    feed(controller, 900.0, tenants=1)  # one tenant alone: held, not cut
+    assert controller.tick(light=False) is None
+    feed(controller, 10.0)
+    assert controller.tick(light=False).reason == HEALTHY  # type: ignore[union-attr]
+
+
+def test_an_unknown_controller_is_refused_with_its_name() -> None:
+    message = "capacity.controller = 'pid' must be \"aimd\" or \"gradient\""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CapacityConfig(adaptive=True, controller="pid")

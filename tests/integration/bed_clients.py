@@ -1,0 +1,162 @@
+"""The overload bed's clients, each in a process of its own (issue 27).
+
+Why processes: librdkafka's delivery callbacks run in Python, under one GIL. With the flat-out
+producers in the same process as gold, gold's measured latency was mostly the wait for the GIL,
+which is the client's queue, not the broker's. Here gold has a process to itself and the
+producers another, so what gold measures is the proxy and the broker.
+
+Run as `python -m tests.integration.bed_clients gold|flat BOOTSTRAP TOPIC SECONDS [options]`;
+each prints one JSON line when done. `BedClient` starts one and reads that line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: gold: acks=all 1 KB records at this many per second (the issue's protected tenant)
+GOLD_RATE = 200
+GOLD_RECORD = 1000
+
+
+def gold(bootstrap: str, topic: str, seconds: float, client_id: str) -> dict[str, Any]:
+    """Each record's produce-to-ack latency in ms, in the order sent, and the errors."""
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
+                         "linger.ms": 0})
+    latencies: list[tuple[float, float]] = []
+    errors: list[str] = []
+    value = b"g" * GOLD_RECORD
+    start = time.monotonic()
+    sent = 0
+    while time.monotonic() - start < seconds:
+        wait = start + sent / GOLD_RATE - time.monotonic()
+        if wait > 0:
+            producer.poll(min(wait, 0.01))  # never negative: librdkafka waits forever then
+            continue
+        at = time.monotonic()
+
+        def done(err: KafkaError | None, _msg: object, at: float = at) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                latencies.append((at - start, (time.monotonic() - at) * 1000.0))
+
+        producer.produce(topic, value, on_delivery=done)
+        sent += 1
+        producer.poll(0)
+    producer.flush(120)
+    return {"latencies": latencies, "errors": errors[:5], "sent": sent}
+
+
+def flat(bootstrap: str, topic: str, seconds: float, producers: int, value_bytes: int,
+         batch_bytes: int) -> dict[str, Any]:
+    """`producers` librdkafka producers flat out (acks=all), each its own client id
+    `best-effort-<n>`; every acknowledged record's time, per producer."""
+    value = os.urandom(value_bytes)  # incompressible: the broker's gzip works for every byte
+    acked: list[list[float]] = [[] for _ in range(producers)]
+    errors: list[str] = []
+    start = time.monotonic()
+
+    def run(n: int) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "client.id": f"best-effort-{n}", "acks": "all",
+                             "linger.ms": 5, "batch.size": batch_bytes, "queue.buffering.max.kbytes": 4096})
+
+        def done(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked[n].append(time.monotonic() - start)
+
+        sent = 0
+        while time.monotonic() - start < seconds:
+            try:
+                producer.produce(topic, value, str(sent % 97).encode(), on_delivery=done)
+                sent += 1
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            producer.poll(0)
+        producer.flush(120)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"acked": acked, "value_bytes": value_bytes, "errors": errors[:5]}
+
+
+@dataclass
+class BedResult:
+    """What one client process printed."""
+
+    data: dict[str, Any]
+
+    def gold_percentiles(self, after_s: float) -> tuple[float, float]:
+        """Gold's p50 and p99 (ms) over the records sent after `after_s`."""
+        samples = sorted(latency for at, latency in self.data["latencies"] if at >= after_s)
+        assert len(samples) > 100 and not self.data["errors"], (len(samples), self.data["errors"])
+        return samples[len(samples) // 2], samples[int(0.99 * (len(samples) - 1))]
+
+    def goodput(self, start_s: float, end_s: float) -> float:
+        """Acknowledged bytes/s of the flat-out producers between `start_s` and `end_s`."""
+        count = sum(1 for times in self.data["acked"] for t in times if start_s <= t < end_s)
+        return count * self.data["value_bytes"] / (end_s - start_s)
+
+
+class BedClient:
+    """One client process; `result()` waits for its line."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.integration.bed_clients", *args],
+                                        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self, timeout: float = 180) -> BedResult:
+        out, err = self.process.communicate(timeout=timeout)
+        assert self.process.returncode == 0, f"bed client failed ({self.process.returncode}):\n{err[-3000:]}"
+        return BedResult(json.loads(out.strip().splitlines()[-1]))
+
+
+def start_gold(bootstrap: str, topic: str, seconds: float, client_id: str = "gold") -> BedClient:
+    return BedClient("gold", bootstrap, topic, str(seconds), "--client-id", client_id)
+
+
+def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, value_bytes: int = 4000,
+               batch_bytes: int = 16384) -> BedClient:
+    return BedClient("flat", bootstrap, topic, str(seconds), "--producers", str(producers),
+                     "--value-bytes", str(value_bytes), "--batch-bytes", str(batch_bytes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["gold", "flat"])
+    parser.add_argument("bootstrap")
+    parser.add_argument("topic")
+    parser.add_argument("seconds", type=float)
+    parser.add_argument("--client-id", default="gold")
+    parser.add_argument("--producers", type=int, default=3)
+    parser.add_argument("--value-bytes", type=int, default=4000)
+    parser.add_argument("--batch-bytes", type=int, default=16384)
+    args = parser.parse_args()
+    if args.kind == "gold":
+        out = gold(args.bootstrap, args.topic, args.seconds, args.client_id)
+    else:
+        out = flat(args.bootstrap, args.topic, args.seconds, args.producers, args.value_bytes,
+                   args.batch_bytes)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
