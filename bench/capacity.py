@@ -25,6 +25,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import LocalKafka
+from quotas.adaptive_capacity import AdaptiveConfig
 from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity
@@ -84,7 +85,7 @@ def decision_cost() -> list[str]:
 
 def exchange_bytes(entities: int = 10_000) -> list[str]:
     sizes = {}
-    with_capacity = CapacityConfig(produce_byte_rate=1e9, adaptive=True)
+    with_capacity = CapacityConfig(produce_byte_rate=1e9, adaptive=AdaptiveConfig())
     for name, config in (("quotas only", None), ("+ capacity (produce, adaptive)", with_capacity)):
         engine = _engine(config, entities)
         usage = engine.local_usage(REFRESH_INTERVAL_MS + 1)

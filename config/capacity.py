@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from quotas.capacity import CapacityConfig, CapacityError
+from quotas.adaptive_capacity import AdaptiveConfig
+from quotas.capacity import CapacityConfig, CapacityError, check_tuning
 
 from .common import SettingsError
 
@@ -36,23 +37,28 @@ def parse_capacity_table(table: object) -> CapacityConfig:
     """A `[capacity]` table, validated (SettingsError names the key and the value)."""
     if not isinstance(table, Mapping):
         raise SettingsError("`capacity` must be a table: write [capacity]")
-    values: dict[str, object] = {}
+    values: dict[str, float] = {}
+    tuning: dict[str, float] = {}
+    adaptive = False
     for key, value in table.items():
         if key in _RATES or key in _FRACTIONS:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise SettingsError(f"capacity.{key} = {value!r} must be a number")
             if key in ("produce_byte_rate", "fetch_byte_rate") and not float(value).is_integer():
                 raise SettingsError(f"capacity.{key} = {value!r} must be a whole number of bytes per second")
-            values[key] = float(value)
+            (values if key in _RATES else tuning)[key] = float(value)
         elif key == "adaptive":
             if not isinstance(value, bool):
                 raise SettingsError(f"capacity.adaptive = {value!r} must be true or false")
-            values[key] = value
+            adaptive = value
         else:
             raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, "
                                 f"{', '.join(_RATES + _FRACTIONS)})")
     try:
-        return CapacityConfig(**values)  # type: ignore[arg-type]
+        # the tuning is checked even while adaptive is off: a wrong value is refused, not kept
+        checked = check_tuning(AdaptiveConfig(**tuning))
+        return CapacityConfig(values.get("produce_byte_rate"), values.get("fetch_byte_rate"),
+                              values.get("request_percentage"), checked if adaptive else None)
     except CapacityError as exc:
         raise SettingsError(str(exc)) from exc
 

@@ -217,7 +217,7 @@ class QuotaEngine:
         request was counted by an earlier charge, as a Produce's response after its arrival).
         """
         usage = self.usage
-        capacity = self.capacity if self.capacity.directions else None
+        capacity = self.capacity if self.capacity.active else None
         if not self.table and capacity is None:
             if usage is not None:
                 usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms)
@@ -238,7 +238,8 @@ class QuotaEngine:
                 worst, worst_type = charge, QuotaType.PRODUCE
             if capacity is not None:
                 by_capacity = capacity.record(_CAPACITY_PRODUCE, user, client_id, produce_bytes,
-                                              charge.bound if charge.bucket is not None else None, now_ms)
+                                              charge.bound if charge.bucket is not None else None,
+                                              now_ms).throttle_ms
                 if by_capacity:
                     capacity_type = _CAPACITY_PRODUCE
         fetch_in_debt = True
@@ -247,9 +248,10 @@ class QuotaEngine:
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.FETCH
             if capacity is not None:
-                throttle = capacity.record(_CAPACITY_FETCH, user, client_id, fetch_bytes,
-                                           charge.bound if charge.bucket is not None else None, now_ms)
-                fetch_in_debt = capacity.in_debt
+                fetched = capacity.record(_CAPACITY_FETCH, user, client_id, fetch_bytes,
+                                          charge.bound if charge.bucket is not None else None, now_ms)
+                fetch_in_debt = fetched.in_debt
+                throttle = fetched.throttle_ms
                 if throttle > by_capacity:
                     by_capacity, capacity_type = throttle, _CAPACITY_FETCH
         if producer_ids:
@@ -269,9 +271,10 @@ class QuotaEngine:
             charge = managers[QuotaType.REQUEST].record(user, client_id, request_time_ms / 10.0, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms >= worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.REQUEST
-            if capacity is not None and QuotaType.REQUEST in capacity.directions:
+            if capacity is not None:
                 throttle = capacity.record(QuotaType.REQUEST, user, client_id, request_time_ms / 10.0,
-                                           charge.bound if charge.bucket is not None else None, now_ms)
+                                           charge.bound if charge.bucket is not None else None,
+                                           now_ms).throttle_ms
                 if throttle > by_capacity:
                     by_capacity, capacity_type = throttle, QuotaType.REQUEST
         if usage is not None:
@@ -303,7 +306,7 @@ class QuotaEngine:
         """The capacity's throttle won: count it apart from the quotas' (its own counters and
         usage-event key). A fetch (`empty_fetch`) whose tenant's bucket was already in debt is
         emptied and taken back, as Kafka does for a quota; one that found the bucket out of
-        debt is delivered and paid back by its throttle (see CapacityManager.in_debt)."""
+        debt is delivered and paid back by its throttle (see CapacityCharge.in_debt)."""
         self.capacity.record_throttle(direction, user, client_id, throttle_ms)
         if self.usage is not None:
             self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
@@ -316,7 +319,7 @@ class QuotaEngine:
         """A throttled fetch answered empty: its bytes count nowhere (Kafka un-records them);
         `capacity_tokens`: the capacity's bucket was charged for it too."""
         self.managers[QuotaType.FETCH].unrecord(charge, fetch_bytes, now_ms)
-        if self.capacity.directions:
+        if self.capacity.active:
             self.capacity.unrecord(QuotaType.FETCH, user, client_id, fetch_bytes, now_ms, capacity_tokens)
         if self.usage is not None:
             self.usage.unrecord_fetch(user, client_id, fetch_bytes)
@@ -385,7 +388,7 @@ class QuotaEngine:
         usage += self.controller_mutation.count_usage(changed_only=changed_only)
         charged = self.connections.take_charged() if changed_only else None
         usage += self._ip_buckets(self.connections.ip_usage(now_ms, charged))
-        if self.capacity.directions:
+        if self.capacity.active:
             usage += self.capacity.local_usage(now_ms, changed_only)
             usage += self.capacity.factor_usage()
         return usage
