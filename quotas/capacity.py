@@ -45,8 +45,9 @@ In a fleet, each member lists its tenants' own rates in the usage exchange (Capa
 entries) and adds its peers' to them at every refresh, so every member computes the same
 allocation from the same fleet-wide demand. A member's bucket for a tenant refills at the
 allocation minus what its peers report for that tenant (at least FLEET_MIN_SLICE of it, so a
-tenant moving to this member can grow here). The adaptive factor travels there too, and the
-fleet uses the lowest fresh one (adaptive_capacity.py).
+tenant moving to this member can grow here). How large the capacity is while the brokers are
+strained (the adaptive factor, its fleet merge, the capacity learned without a static one) is
+capacity_factor.py's job; this module asks it (`factor_state`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .adaptive_capacity import AdaptiveCapacity, AdaptiveConfig
+from .adaptive_capacity import AdaptiveConfig
+from .capacity_factor import CapacityFactor
 from .entity import BucketKey, QuotaEntity, resolve
 from .fair_share import Claim, water_fill
 from .fleet import PeerUsage, UsageEntry
@@ -81,10 +83,6 @@ REFRESH_INTERVAL_MS = 200
 #: tenants come and go, so one delay should not outlast the share it was computed from, yet a
 #: client sending large requests must still be held to its share on average.
 MAX_CAPACITY_THROTTLE_WINDOWS = 10
-
-#: The load is light (adaptive baselines may learn) while every direction's fleet-wide rate is at
-#: most this share of its capacity (static, learned, or the highest rate seen).
-LIGHT_FRACTION = 0.5
 
 #: In a fleet, a member's part of a tenant's allocation is at least this share of it.
 FLEET_MIN_SLICE = 0.1
@@ -270,15 +268,9 @@ class CapacityManager:
         #: `share` entities in force (Kafka's precedence resolves them)
         self.shares: dict[QuotaEntity, float] = {}
         self._tenants: dict[tuple[str, str], tuple[BucketKey, float]] = {}
-        #: the adaptive controller whose factor is this member's own (None: adaptive mode is off,
-        #: or the I/O layer has none yet); set by the I/O layer (proxy/capacity/live.py)
-        self.controller: AdaptiveCapacity | None = None
-        #: the adaptive factor in force (1.0: the whole capacity): the lowest of this member's
-        #: own (its controller's) and its fresh peers'
-        self.factor = 1.0
-        #: adaptive mode without a static capacity: the capacity learned from healthy throughput,
-        #: applied while the factor is below 1 (None: nothing learned yet)
-        self.learned: dict[QuotaType, float] = {}
+        #: the adaptive factor in force and what it scales without a static capacity (its
+        #: `controller` is set by the I/O layer, proxy/capacity/live.py)
+        self.factor_state = CapacityFactor()
         self.max_throttle_ms = MAX_CAPACITY_THROTTLE_WINDOWS * window.window_ms
         #: the latest end of any capacity throttle (a quick test for `remaining_throttle_ms`)
         self.throttled_until_ms = 0
@@ -303,9 +295,9 @@ class CapacityManager:
         return {state.direction: state for state in self._states.values()}
 
     @property
-    def own_factor(self) -> float:
-        """This member's own adaptive factor: its controller's (1.0 without one)."""
-        return 1.0 if self.controller is None else self.controller.factor
+    def factor(self) -> float:
+        """The adaptive factor in force (1.0: the whole capacity; see capacity_factor.py)."""
+        return self.factor_state.factor
 
     def configure(self, config: CapacityConfig | None) -> None:
         """Apply a `[capacity]` table (None: none); tenants' histories stay where they apply."""
@@ -346,14 +338,7 @@ class CapacityManager:
         config = self.config
         if config is None:
             return None
-        static = config.static().get(direction)
-        if static is None:
-            if self.factor >= 1.0:
-                return None
-            static = self.learned.get(direction)
-            if static is None:
-                return None
-        return static * self.factor
+        return self.factor_state.scale(direction, config.static().get(direction))
 
     # -- the hot path ------------------------------------------------------------------------
 
@@ -563,7 +548,7 @@ class CapacityManager:
 
     def attach_fleet(self, peers: PeerUsage | None) -> None:
         """Add peers' rates per direction from now on (None: alone again)."""
-        self.peers = peers
+        self.peers = self.factor_state.peers = peers
         self._charged = {state.direction: set() for state in self._states.values()}
 
     def local_usage(self, now_ms: int, changed_only: bool) -> list[UsageEntry]:
@@ -601,59 +586,26 @@ class CapacityManager:
         return []
 
     def factor_usage(self) -> list[UsageEntry]:
-        """This member's own adaptive factor, for every report (adaptive mode only). Its own, not
-        the fleet's lowest: members echoing the minimum would hold each other down forever."""
+        """This member's own adaptive factor, for every report (adaptive mode only)."""
         config = self.config
         if config is None or config.adaptive is None:
             return []
-        return [UsageEntry(CapacityStream.CAPACITY_FACTOR, "", "", self.own_factor)]
+        return self.factor_state.usage()
 
     def update_factor(self, now_ms: int) -> float:
-        """Bring the factor in force up to date: the lowest of this member's own (its controller's)
-        and the fresh peers' (a peer that stops reporting no longer holds the fleet down once stale).
-
-        Adaptive mode without a static capacity: when the factor first drops below 1, the
-        capacity to scale is the fleet-wide throughput of the last refresh, the one observed when
-        the brokers were last healthy; it is forgotten once the factor is back at 1.
-        """
-        own = self.own_factor
-        peer = self.peer_factor(now_ms)
-        factor = own if peer is None else min(own, peer)
-        if factor < 1.0 <= self.factor:
-            self.learned = {state.direction: state.total_rate for state in self._states.values()
-                            if state.total_rate > 0.0}
-        elif factor >= 1.0:
-            self.learned = {}
-        self.factor = factor
-        return factor
+        """Bring the factor in force up to date from this refresh's fleet-wide rates."""
+        totals = {state.direction: state.total_rate for state in self._states.values()}
+        return self.factor_state.update(totals, now_ms)
 
     def light(self) -> bool:
-        """Whether the load is light now: every direction with a capacity (static, or learned
-        while the factor is below 1) at most LIGHT_FRACTION of it. Directions without one do
-        not count, unless none has one (adaptive mode alone): then every direction is judged
-        against the highest rate it was seen at, so a cluster busy from the start is never
-        light and never learns busy as healthy."""
+        """Whether the load is light now (CapacityFactor.light); False without a capacity."""
         config = self.config
         if config is None:
             return False
-        static = config.static()
         states = self.directions
-        bases = {direction: static.get(direction) or self.learned.get(direction) for direction in states}
-        judged = {direction: base for direction, base in bases.items() if base}
-        if not judged and states:
-            # NOTE: only the first tracked direction is judged, as this code always did (the
-            # docstring says every direction; left unchanged in a refactoring)
-            direction, state = next(iter(states.items()))
-            judged = {direction: state.peak_rate}
-        return all(states[direction].total_rate <= LIGHT_FRACTION * base
-                   for direction, base in judged.items())
-
-    def peer_factor(self, now_ms: int) -> float | None:
-        """The lowest adaptive factor a fresh peer reported (None: none reported)."""
-        if self.peers is None:
-            return None
-        values = self.peers.view(CapacityStream.CAPACITY_FACTOR).fresh_values(("", ""), now_ms)
-        return min(values) if values else None
+        return self.factor_state.light(config.static(),
+                                       {direction: state.total_rate for direction, state in states.items()},
+                                       {direction: state.peak_rate for direction, state in states.items()})
 
 
 __all__ = [

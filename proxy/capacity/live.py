@@ -56,7 +56,7 @@ class LiveCapacity:
         if tuning != self._tuning:
             self._tuning = tuning
             self.controller = AdaptiveCapacity(tuning) if tuning is not None else None
-            self.capacity.controller = self.controller
+            self.capacity.factor_state.controller = self.controller
             if tuning is None:
                 self.capacity.update_factor(int(time.monotonic() * 1000))
         if self.controller is not None and self.health is None:

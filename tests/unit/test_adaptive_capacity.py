@@ -103,7 +103,7 @@ def test_without_a_static_capacity_the_last_healthy_throughput_is_scaled() -> No
     assert capacity.capacity(QuotaType.PRODUCE) is None  # healthy: no limit
     healthy = capacity.directions[QuotaType.PRODUCE].total_rate
     assert healthy > 0
-    capacity.controller = controller = AdaptiveCapacity()
+    capacity.factor_state.controller = controller = AdaptiveCapacity()
     controller.factor = 0.7
     capacity.update_factor(1000)
     assert capacity.capacity(QuotaType.PRODUCE) == pytest.approx(0.7 * healthy)

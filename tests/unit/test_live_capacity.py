@@ -48,7 +48,7 @@ def test_adaptive_on_feeds_the_controller_from_sessions_made_before_it() -> None
 def test_adaptive_off_puts_the_factor_back_and_none_removes_the_capacity() -> None:
     live, manager = _live()
     live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))
-    assert live.controller is not None and manager.controller is live.controller
+    assert live.controller is not None and manager.factor_state.controller is live.controller
     live.controller.factor = 0.5
     assert manager.update_factor(0) == 0.5
     live.apply(CapacityConfig(produce_byte_rate=500_000.0))
