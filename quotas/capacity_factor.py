@@ -60,7 +60,7 @@ class CapacityFactor:
         """The lowest factor a fresh peer reported (None: none reported)."""
         if self.peers is None:
             return None
-        values = self.peers.view(CapacityStream.CAPACITY_FACTOR).fresh_values(FACTOR_KEY, now_ms)
+        values = self.peers.view(CapacityStream.CAPACITY_FACTOR).levels(FACTOR_KEY, now_ms)
         return min(values) if values else None
 
     def update(self, totals: Mapping[QuotaType, float], now_ms: int) -> float:

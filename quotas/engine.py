@@ -372,9 +372,10 @@ class QuotaEngine:
         self.capacity.attach_fleet(peers)
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
-        # the controller mutation buckets travel as running totals (see controller_mutation.py)
+        # the controller mutation buckets travel as running totals (a TOTAL stream: see
+        # controller_mutation.py and fleet_streams.py)
         self.controller_mutation.attach_counts(on_urgent)
-        peers.on_count = self.controller_mutation.peer_charged
+        peers.ledger(QuotaType.CONTROLLER_MUTATION).on_debit = self.controller_mutation.peer_charged
         ip_view = peers.view(QuotaType.CONNECTION_CREATION)
         self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms), on_urgent)
 
