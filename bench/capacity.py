@@ -30,7 +30,7 @@ from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.fleet import encode_usage
-from quotas.types import QuotaType
+from quotas.types import EntitySetting, QuotaType
 from tests.integration.proxies import RunningProxy
 
 from .throughput import BenchFailure, consume, create_topic, delete_topic, produce
@@ -40,7 +40,7 @@ SECRET = b"bench-secret-0123456789abcdef"
 
 def _engine(capacity: CapacityConfig | None, tenants: int = 100, quota: float = 1e12) -> QuotaEngine:
     engine = QuotaEngine()
-    engine.set_quotas({QuotaEntity(None, DEFAULT): {QuotaType.PRODUCE: quota, QuotaType.SHARE: 1.0}})
+    engine.set_quotas({QuotaEntity(None, DEFAULT): {QuotaType.PRODUCE: quota, EntitySetting.SHARE: 1.0}})
     if capacity is not None:
         engine.capacity.configure(capacity)
     for i in range(tenants):

@@ -13,9 +13,10 @@ increase_step = 0.05             # additive increase per healthy tick
 ```
 
 Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
-throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` quota
-key. Read at start; with the quota topic the fleet's capacity can also be set there while it runs
-(`kthrottle capacity`, kept in the config form: `capacity_from_config_form`). Every value is
+throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` entity
+setting (quotas/types.py `EntitySetting`). Read at start; with the quota topic the fleet's capacity
+can also be set there while it runs (`kthrottle capacity`, kept in the config form:
+`capacity_from_config_form`). Every value is
 checked and an error names the key and the value. The reference is docs/protecting-the-cluster.md.
 """
 

@@ -40,11 +40,12 @@ from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaMana
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
 from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
-from .types import CAPACITY_STREAMS, CapacityStream, QuotaType, UsageKind
+from .types import CAPACITY_STREAMS, CapacityStream, ConfigKey, EntitySetting, QuotaType, UsageKind
 from .usage import UsageAccount
 
-#: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
-QuotaTable = dict[QuotaEntity, dict[QuotaType, float]]
+#: quota values and settings per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0,
+#: EntitySetting.SHARE: 3.0, ...}}`)
+QuotaTable = dict[QuotaEntity, dict[ConfigKey, float]]
 
 #: the directions the hot path charges a capacity with (a module name: an enum member's lookup on
 #: its class costs a Python call)
@@ -133,6 +134,9 @@ class QuotaEngine:
         self.table: QuotaTable = {}
         #: every entity in force, `ip` ones included: what the admin API describes and changes
         self.configured: QuotaTable = {}
+        #: each entity setting's entities in force (resolved with Kafka's precedence where read)
+        self.settings: dict[EntitySetting, dict[QuotaEntity, float]] = {
+            setting: {} for setting in EntitySetting}
         self._expiry_turn = 0
         #: the fleet's merged peer usage (None: a lone proxy)
         self.fleet: PeerUsage | None = None
@@ -153,8 +157,10 @@ class QuotaEngine:
         self.connections.set_ip_quotas({entity.ip: values[QuotaType.CONNECTION_CREATION]
                                         for entity, values in table.items()
                                         if entity.ip is not None and QuotaType.CONNECTION_CREATION in values})
-        self.capacity.set_shares({entity: values[QuotaType.SHARE] for entity, values in self.table.items()
-                                  if QuotaType.SHARE in values})
+        self.settings = {setting: {entity: values[setting] for entity, values in self.table.items()
+                                   if setting in values}
+                         for setting in EntitySetting}
+        self.capacity.set_shares(self.settings[EntitySetting.SHARE])
 
     def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
         """Every quota type's manager: `managers` and the controller mutation quota's."""

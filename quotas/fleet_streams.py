@@ -62,8 +62,6 @@ STREAMS: dict[UsageKind, Stream] = {
     CapacityStream.CAPACITY_FETCH: Stream(7, _RATE),
     CapacityStream.CAPACITY_REQUEST: Stream(8, _RATE),
     CapacityStream.CAPACITY_FACTOR: Stream(9, _LEVEL),
-    # a weight, never sent; coded so every QuotaType has one
-    QuotaType.SHARE: Stream(10, _RATE),
 }
 
 #: Every stream by its member name (the hot loops key by name: an enum's own hash is a Python call).

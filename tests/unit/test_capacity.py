@@ -19,7 +19,7 @@ from quotas.capacity import HEADROOM, REFRESH_INTERVAL_MS, CapacityConfig, Capac
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaEntity
 from quotas.fleet import PeerUsage, UsageEntry, UsageReport
-from quotas.types import CapacityStream, QuotaType
+from quotas.types import CapacityStream, EntitySetting, QuotaType
 
 C = 100_000.0  # bytes/s
 SIZE = 5_000
@@ -76,7 +76,7 @@ def engine_with(shares: dict[str, float], quotas: dict[str, float] | None = None
     engine.capacity.configure(config or CapacityConfig(produce_byte_rate=C, fetch_byte_rate=C))
     table: dict[QuotaEntity, dict[QuotaType, float]] = {}
     for user, share in shares.items():
-        table[QuotaEntity(user, None)] = {QuotaType.SHARE: share}
+        table[QuotaEntity(user, None)] = {EntitySetting.SHARE: share}
     for user, quota in (quotas or {}).items():
         table.setdefault(QuotaEntity(user, None), {})[QuotaType.PRODUCE] = quota
     engine.set_quotas(table)
