@@ -25,11 +25,12 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import LocalKafka
+from quotas.adaptive_capacity import AdaptiveConfig
 from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.fleet import encode_usage
-from quotas.types import QuotaType
+from quotas.types import EntitySetting, QuotaType
 from tests.integration.proxies import RunningProxy
 
 from .throughput import BenchFailure, consume, create_topic, delete_topic, produce
@@ -39,7 +40,7 @@ SECRET = b"bench-secret-0123456789abcdef"
 
 def _engine(capacity: CapacityConfig | None, tenants: int = 100, quota: float = 1e12) -> QuotaEngine:
     engine = QuotaEngine()
-    engine.set_quotas({QuotaEntity(None, DEFAULT): {QuotaType.PRODUCE: quota, QuotaType.SHARE: 1.0}})
+    engine.set_quotas({QuotaEntity(None, DEFAULT): {QuotaType.PRODUCE: quota, EntitySetting.SHARE: 1.0}})
     if capacity is not None:
         engine.capacity.configure(capacity)
     for i in range(tenants):
@@ -84,7 +85,7 @@ def decision_cost() -> list[str]:
 
 def exchange_bytes(entities: int = 10_000) -> list[str]:
     sizes = {}
-    with_capacity = CapacityConfig(produce_byte_rate=1e9, adaptive=True)
+    with_capacity = CapacityConfig(produce_byte_rate=1e9, adaptive=AdaptiveConfig())
     for name, config in (("quotas only", None), ("+ capacity (produce, adaptive)", with_capacity)):
         engine = _engine(config, entities)
         usage = engine.local_usage(REFRESH_INTERVAL_MS + 1)

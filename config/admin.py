@@ -24,7 +24,7 @@ from protocol.client_quotas import (
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.ip_entities import IpEntityError, parse_ip_entity
-from quotas.types import QUOTA_KEYS, QuotaType
+from quotas.types import CONFIG_KEYS, ConfigKey
 
 from .quotas import QuotaConfigError, validate_value
 
@@ -38,7 +38,7 @@ INVALID_REQUEST = 42
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
 
 #: A change to one entity: a new value, or None to remove the key.
-Changes = Mapping[QuotaEntity, Mapping[QuotaType, float | None]]
+Changes = Mapping[QuotaEntity, Mapping[ConfigKey, float | None]]
 
 
 class AdminError(Exception):
@@ -129,7 +129,7 @@ def _sort_key(entity: QuotaEntity) -> tuple[str, str, str]:
     return (entity.user or "", entity.client_id or "", entity.ip or "")
 
 
-def _key_name(item: tuple[QuotaType, float]) -> str:
+def _key_name(item: tuple[ConfigKey, float]) -> str:
     return item[0].value
 
 
@@ -172,20 +172,20 @@ class AlterPlan:
     """The answer for each entry, and the changes to store (empty for validate_only)."""
 
     results: list[AlterResult]
-    changes: dict[QuotaEntity, dict[QuotaType, float | None]]
+    changes: dict[QuotaEntity, dict[ConfigKey, float | None]]
 
 
 def plan_alter(request: AlterQuotas) -> AlterPlan:
     """Validate every entry; only entries without any error contribute changes."""
     results: list[AlterResult] = []
-    changes: dict[QuotaEntity, dict[QuotaType, float | None]] = {}
+    changes: dict[QuotaEntity, dict[ConfigKey, float | None]] = {}
     seen: dict[QuotaEntity, int] = {}
     for entry in request.entries:
         try:
             entity = _entity(entry.entity)
             if entity in seen:
                 raise AdminError(INVALID_REQUEST, f"Ignoring duplicate entity {entity.describe()}")
-            ops: dict[QuotaType, float | None] = {}
+            ops: dict[ConfigKey, float | None] = {}
             keys: set[str] = set()
             for op in entry.ops:
                 if op.key in keys:
@@ -218,9 +218,9 @@ def plan_alter(request: AlterQuotas) -> AlterPlan:
     return AlterPlan(results, changes)
 
 
-def _known_key(key: str) -> QuotaType:
+def _known_key(key: str) -> ConfigKey:
     """Removing a key needs no value check, but an unknown key is still refused."""
-    quota_type = QUOTA_KEYS.get(key)
+    quota_type = CONFIG_KEYS.get(key)
     if quota_type is None:
         raise AdminError(INVALID_REQUEST, f"Invalid configuration key {key}")
     return quota_type

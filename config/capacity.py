@@ -14,9 +14,10 @@ controller = "aimd"              # or "gradient" (Gradient2's rule on the factor
 ```
 
 Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
-throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` quota
-key. Read at start; with the quota topic the fleet's capacity can also be set there while it runs
-(`kthrottle capacity`, kept in the config form: `capacity_from_config_form`). Every value is
+throughput of the last healthy second (quotas/capacity.py). Tenants' weights are the `share` entity
+setting (quotas/types.py `EntitySetting`). Read at start; with the quota topic the fleet's capacity
+can also be set there while it runs (`kthrottle capacity`, kept in the config form:
+`capacity_from_config_form`). Every value is
 checked and an error names the key and the value. The reference is docs/protecting-the-cluster.md.
 """
 
@@ -25,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from quotas.capacity import CapacityConfig, CapacityError
+from quotas.adaptive_capacity import AdaptiveConfig
+from quotas.capacity import CapacityConfig, CapacityError, check_tuning
 
 from .common import SettingsError
 
@@ -37,25 +39,32 @@ def parse_capacity_table(table: object) -> CapacityConfig:
     """A `[capacity]` table, validated (SettingsError names the key and the value)."""
     if not isinstance(table, Mapping):
         raise SettingsError("`capacity` must be a table: write [capacity]")
-    values: dict[str, object] = {}
+    values: dict[str, float] = {}
+    tuning: dict[str, float | str] = {}
+    adaptive = False
     for key, value in table.items():
         if key in _RATES or key in _FRACTIONS:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise SettingsError(f"capacity.{key} = {value!r} must be a number")
             if key in ("produce_byte_rate", "fetch_byte_rate") and not float(value).is_integer():
                 raise SettingsError(f"capacity.{key} = {value!r} must be a whole number of bytes per second")
-            values[key] = float(value)
+            (values if key in _RATES else tuning)[key] = float(value)
         elif key == "adaptive":
             if not isinstance(value, bool):
                 raise SettingsError(f"capacity.adaptive = {value!r} must be true or false")
-            values[key] = value
+            adaptive = value
         elif key == "controller":
-            values[key] = value  # checked by CapacityConfig, with the choices named
+            if not isinstance(value, str):
+                raise SettingsError(f"capacity.controller = {value!r} must be \"aimd\" or \"gradient\"")
+            tuning[key] = value  # the choice is checked with the rest of the tuning
         else:
             raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, controller, "
                                 f"{', '.join(_RATES + _FRACTIONS)})")
     try:
-        return CapacityConfig(**values)  # type: ignore[arg-type]
+        # the tuning is checked even while adaptive is off: a wrong value is refused, not kept
+        checked = check_tuning(AdaptiveConfig(**tuning))  # type: ignore[arg-type]
+        return CapacityConfig(values.get("produce_byte_rate"), values.get("fetch_byte_rate"),
+                              values.get("request_percentage"), checked if adaptive else None)
     except CapacityError as exc:
         raise SettingsError(str(exc)) from exc
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from quotas.entity import DEFAULT, QuotaEntity, desanitize, sanitize
 from quotas.ip_entities import parse_ip_entity
-from quotas.types import QUOTA_KEYS, QuotaType
+from quotas.types import CONFIG_KEYS, ConfigKey, QuotaType
 
 from .quotas import QuotaConfigError, validate_value
 
@@ -95,9 +95,10 @@ def java_double(value: float) -> str:
     return f"{sign}{digits[0]}.{digits[1:] or '0'}E{power}"
 
 
-def format_value(quota_type: QuotaType, value: float) -> str:
-    """A quota value as ``ZkAdminManager.alterClientQuotas`` stored it: longs for byte rates, else doubles."""
-    if quota_type.integral:
+def format_value(quota_type: ConfigKey, value: float) -> str:
+    """A quota value as ``ZkAdminManager.alterClientQuotas`` stored it: longs for byte rates, else doubles
+    (entity settings too)."""
+    if isinstance(quota_type, QuotaType) and quota_type.integral:
         return str(min(int(value + 1e-6), _LONG_MAX))
     return java_double(value)
 
@@ -125,16 +126,16 @@ def decode_config(data: bytes | None) -> dict[str, Any]:
     return config
 
 
-def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[QuotaType, float]:
+def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[ConfigKey, float]:
     """The quotas kthrottle enforces from one node's config, validated the way the quota file is.
 
     Keys that are no quota (SCRAM credentials) are skipped silently; every quota key Kafka stores for
     users, client-ids and ips is enforced (``controller_mutation_rate`` included). Raises QuotaConfigError
     naming the entity, key and value for anything invalid.
     """
-    values: dict[QuotaType, float] = {}
+    values: dict[ConfigKey, float] = {}
     for key, raw in config.items():
-        quota_type = QUOTA_KEYS.get(key)
+        quota_type = CONFIG_KEYS.get(key)
         if quota_type is None:
             continue
         if not isinstance(raw, str) or not _NUMBER.fullmatch(raw.strip()):
@@ -146,6 +147,6 @@ def parse_quota_config(entity: QuotaEntity, config: Mapping[str, Any]) -> dict[Q
     return values
 
 
-def check_value(entity: QuotaEntity, quota_type: QuotaType, value: float) -> None:
+def check_value(entity: QuotaEntity, quota_type: ConfigKey, value: float) -> None:
     """Kafka's rules for a value about to be stored."""
     validate_value(entity, quota_type.value, value)

@@ -27,7 +27,7 @@ from typing import Any
 
 from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
-from quotas.types import QuotaType
+from quotas.types import ConfigKey
 
 from .config_form import check_value, entity_path
 from .quota_records import QuotaLog, QuotaRecord, Refused, capacity_record, quota_record, record_key
@@ -222,7 +222,7 @@ class KafkaQuotas:
 
     # ------------------------------------------------------------------ writing
 
-    def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
+    def alter(self, changes: Mapping[QuotaEntity, Mapping[ConfigKey, float | None]]) -> None:
         """Every change validated first, then one record per entity; returns once read back."""
 
         for entity, ops in changes.items():

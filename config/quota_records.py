@@ -38,7 +38,7 @@ from json import JSONDecodeError
 
 from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
-from quotas.types import QuotaType
+from quotas.types import ConfigKey
 
 from .capacity import capacity_from_config_form
 from .common import SettingsError
@@ -84,7 +84,7 @@ class Refused:
 @dataclass(frozen=True)
 class _Accepted:
     entity: QuotaEntity
-    values: dict[QuotaType, float]
+    values: dict[ConfigKey, float]
     written_at: int
 
 
@@ -115,7 +115,7 @@ def _mac(mac_key: bytes, key: bytes, value: bytes | None, written_at: bytes) -> 
     return hmac.new(mac_key, message, hashlib.sha256).digest()
 
 
-def quota_record(entity: QuotaEntity, values: Mapping[QuotaType, float], mac_key: bytes,
+def quota_record(entity: QuotaEntity, values: Mapping[ConfigKey, float], mac_key: bytes,
                  written_at_ms: int) -> QuotaRecord:
     """The record that sets ``entity``'s quotas to ``values`` (none left: a tombstone)."""
     value = (encode_config({quota_type.value: format_value(quota_type, number)

@@ -14,7 +14,7 @@ from typing import Any
 from quotas.engine import QuotaTable
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.ip_entities import IpEntityError, parse_ip_entity, validate_connection_creation_rate
-from quotas.types import QUOTA_KEYS, QuotaType
+from quotas.types import CONFIG_KEYS, ConfigKey, EntitySetting, QuotaType
 
 #: Quota keys kthrottle enforces: every key Kafka has for users, client-ids and ips, plus the KIP-936
 #: draft's.
@@ -25,13 +25,22 @@ class QuotaConfigError(ValueError):
     """An invalid quota: the message names the entity, the key and the value."""
 
 
-def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[QuotaType, float]:
-    """Kafka's rules: a known key, a number > 0, whole numbers for byte rates."""
+def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[ConfigKey, float]:
+    """Kafka's rules: a known key, a number > 0, whole numbers for byte rates; an entity setting
+    (`share`) by its own rule (`EntitySetting.check`), the one every source applies."""
     where = f"quota for {entity.describe()}"
-    quota_type = QUOTA_KEYS.get(key)
+    quota_type = CONFIG_KEYS.get(key)
     if quota_type is None:
         raise QuotaConfigError(f"{where}: unknown quota key {key} = {value!r} "
-                               f"(known: {', '.join(sorted(QUOTA_KEYS))})")
+                               f"(known: {', '.join(sorted(CONFIG_KEYS))})")
+    if isinstance(quota_type, EntitySetting):
+        if entity.ip is not None:
+            raise QuotaConfigError(f"{where}: {key} = {value!r} is not a setting of ip entities "
+                                   "(Kafka: Invalid configuration key)")
+        try:
+            return quota_type, quota_type.check(value, where)
+        except ValueError as exc:
+            raise QuotaConfigError(str(exc)) from exc
     if quota_type not in ENFORCED:
         raise QuotaConfigError(f"{where}: {key} is not supported by kthrottle yet")
     if quota_type.ip_only != (entity.ip is not None):
@@ -97,7 +106,7 @@ def parse_quotas(data: dict[str, Any]) -> QuotaTable:
         entity = _entity(table, index)
         if entity in result:
             raise QuotaConfigError(f"quota for {entity.describe()} is given twice")
-        values: dict[QuotaType, float] = {}
+        values: dict[ConfigKey, float] = {}
         for key, value in table.items():
             if key in ENTITY_KEYS:
                 continue

@@ -25,7 +25,7 @@ from pathlib import Path
 from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
 from quotas.partition_throttle import PartitionThrottle
-from quotas.types import QuotaType
+from quotas.types import ConfigKey
 
 from .admin import Changes, apply_changes
 from .partition_throttles import load_partition_throttles
@@ -162,7 +162,7 @@ class FileQuotaStore:
             raise QuotaStoreError(f"cannot change quotas while a quota file is invalid: {exc}") from exc
         effective = merge(base, overlay)
         after = apply_changes(effective, changes)
-        new_overlay: dict[QuotaEntity, dict[QuotaType, float]] = {e: dict(v) for e, v in overlay.items()}
+        new_overlay: dict[QuotaEntity, dict[ConfigKey, float]] = {e: dict(v) for e, v in overlay.items()}
         for entity in changes:
             values = after.get(entity, {})
             if values or entity in base:

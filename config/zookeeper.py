@@ -37,7 +37,7 @@ from kazoo.retry import KazooRetry
 
 from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
-from quotas.types import QuotaType
+from quotas.types import ConfigKey
 
 from .config_form import (
     check_value,
@@ -109,7 +109,7 @@ class ZooKeeperQuotas:
         self._table: QuotaTable = {}
         #: Per entity path: the node data last parsed and its result (None when invalid), so unchanged
         #: nodes are neither parsed nor reported again on every re-read.
-        self._parsed: dict[str, tuple[bytes, dict[QuotaType, float] | None]] = {}
+        self._parsed: dict[str, tuple[bytes, dict[ConfigKey, float] | None]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,7 +180,7 @@ class ZooKeeperQuotas:
 
     # ------------------------------------------------------------------ writes
 
-    def alter(self, changes: Mapping[QuotaEntity, Mapping[QuotaType, float | None]]) -> None:
+    def alter(self, changes: Mapping[QuotaEntity, Mapping[ConfigKey, float | None]]) -> None:
         """Store quota changes (None removes a key) the way Kafka's ``ZkAdminManager`` did; blocking.
 
         Per entity, one ZooKeeper transaction does the read-modify-write (versioned, retried when another
@@ -215,7 +215,7 @@ class ZooKeeperQuotas:
         self._purge_notifications(client)
 
     def _alter_entity(
-        self, client: KazooClient, entity: QuotaEntity, ops: Mapping[QuotaType, float | None]
+        self, client: KazooClient, entity: QuotaEntity, ops: Mapping[ConfigKey, float | None]
     ) -> None:
         relative = entity_path(entity)
         path = f"{self._root}/{relative}"
@@ -368,7 +368,7 @@ class ZooKeeperQuotas:
         """The table for the nodes read; an invalid node keeps its entity's values from the last table."""
         table: QuotaTable = {}
         canonical: dict[QuotaEntity, bool] = {}
-        parsed: dict[str, tuple[bytes, dict[QuotaType, float] | None]] = {}
+        parsed: dict[str, tuple[bytes, dict[ConfigKey, float] | None]] = {}
         for relative, data in sorted(nodes.items()):
             try:
                 entity = entity_for_path(relative)
@@ -409,7 +409,7 @@ class ZooKeeperQuotas:
         self._parsed = parsed
         return table
 
-    def _parse(self, entity: QuotaEntity, relative: str, data: bytes) -> dict[QuotaType, float] | None:
+    def _parse(self, entity: QuotaEntity, relative: str, data: bytes) -> dict[ConfigKey, float] | None:
         """One node's quotas, or None (with an error naming the entity, key and value) when invalid."""
         try:
             return parse_quota_config(entity, decode_config(data))
@@ -498,7 +498,7 @@ class ZooKeeperQuotas:
             log.exception("ZooKeeper %s: the quota change callback failed", self._where)
 
 
-def _show(values: Mapping[QuotaType, float] | None) -> str:
+def _show(values: Mapping[ConfigKey, float] | None) -> str:
     return "{" + ", ".join(f"{t.value}={v:g}" for t, v in (values or {}).items()) + "}"
 
 

@@ -45,16 +45,20 @@ In a fleet, each member lists its tenants' own rates in the usage exchange (Capa
 entries) and adds its peers' to them at every refresh, so every member computes the same
 allocation from the same fleet-wide demand. A member's bucket for a tenant refills at the
 allocation minus what its peers report for that tenant (at least FLEET_MIN_SLICE of it, so a
-tenant moving to this member can grow here). The adaptive factor travels there too, and the
-fleet uses the lowest fresh one (adaptive_capacity.py).
+tenant moving to this member can grow here). How large the capacity is while the brokers are
+strained (the adaptive factor, its fleet merge, the capacity learned without a static one) is
+capacity_factor.py's job; this module asks it (`factor_state`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from .adaptive_capacity import CONTROLLERS, AdaptiveConfig
+from .capacity_factor import CapacityFactor
 from .entity import BucketKey, QuotaEntity, resolve
 from .fair_share import Claim, water_fill
 from .fleet import PeerUsage, UsageEntry
@@ -80,10 +84,6 @@ REFRESH_INTERVAL_MS = 200
 #: client sending large requests must still be held to its share on average.
 MAX_CAPACITY_THROTTLE_WINDOWS = 10
 
-#: The load is light (adaptive baselines may learn) while every direction's fleet-wide rate is at
-#: most this share of its capacity (static, learned, or the highest rate seen).
-LIGHT_FRACTION = 0.5
-
 #: In a fleet, a member's part of a tenant's allocation is at least this share of it.
 FLEET_MIN_SLICE = 0.1
 
@@ -100,6 +100,27 @@ class CapacityError(ValueError):
     """An invalid `[capacity]` setting; the message names the key and the value."""
 
 
+#: The adaptive tuning's `[capacity]` keys and what each must be (AdaptiveConfig's fields).
+_TUNING_RULES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("min_fraction", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("latency_tolerance", lambda v: v > 1, "must be > 1"),
+    ("decrease_factor", lambda v: 0 < v < 1, "must be in (0, 1)"),
+    ("increase_step", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+)
+
+
+def check_tuning(tuning: AdaptiveConfig) -> AdaptiveConfig:
+    """Adaptive tuning as a `[capacity]` table gives it; the error names the key and the value."""
+    for name, valid, rule in _TUNING_RULES:
+        value = getattr(tuning, name)
+        if not valid(value):
+            raise CapacityError(f"capacity.{name} = {value!r} {rule}")
+    if tuning.controller not in CONTROLLERS:
+        raise CapacityError(f"capacity.controller = {tuning.controller!r} must be "
+                            f"{' or '.join(repr(name).replace(chr(39), chr(34)) for name in CONTROLLERS)}")
+    return tuning
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityConfig:
     """The `[capacity]` table: what the fleet may send the cluster, per direction (None: no limit)."""
@@ -107,32 +128,18 @@ class CapacityConfig:
     produce_byte_rate: float | None = None
     fetch_byte_rate: float | None = None
     request_percentage: float | None = None
-    #: scale the capacity with the brokers' health (adaptive_capacity.py)
-    adaptive: bool = False
-    #: adaptive mode never goes below this fraction of the capacity
-    min_fraction: float = 0.1
-    #: adaptive tuning (see adaptive_capacity.AdaptiveConfig); kept here so one table says it all
-    latency_tolerance: float = 2.0
-    decrease_factor: float = 0.7
-    increase_step: float = 0.05
-    controller: str = "aimd"
+    #: scale the capacity with the brokers' health with this tuning (adaptive_capacity.py);
+    #: None: adaptive mode is off. One table says it all, so the tuning is held, not copied.
+    adaptive: AdaptiveConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("produce_byte_rate", "fetch_byte_rate", "request_percentage"):
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise CapacityError(f"capacity.{name} = {value!r} must be a number > 0")
-        if not 0 < self.min_fraction <= 1:
-            raise CapacityError(f"capacity.min_fraction = {self.min_fraction!r} must be in (0, 1]")
-        if not self.latency_tolerance > 1:
-            raise CapacityError(f"capacity.latency_tolerance = {self.latency_tolerance!r} must be > 1")
-        if not 0 < self.decrease_factor < 1:
-            raise CapacityError(f"capacity.decrease_factor = {self.decrease_factor!r} must be in (0, 1)")
-        if self.controller not in ("aimd", "gradient"):
-            raise CapacityError(f"capacity.controller = {self.controller!r} must be \"aimd\" or \"gradient\"")
-        if not 0 < self.increase_step <= 1:
-            raise CapacityError(f"capacity.increase_step = {self.increase_step!r} must be in (0, 1]")
-        if not self.adaptive and self.static() == {}:
+        if self.adaptive is not None:
+            check_tuning(self.adaptive)
+        elif self.static() == {}:
             raise CapacityError("[capacity] gives no produce_byte_rate, fetch_byte_rate or "
                                 "request_percentage, and adaptive is off: it would limit nothing")
 
@@ -145,10 +152,25 @@ class CapacityConfig:
     def tracked(self) -> tuple[QuotaType, ...]:
         """The directions whose demand is measured: the static ones, or all three when adaptive
         (adaptive mode without a static capacity learns one from the healthy throughput)."""
-        if self.adaptive:
+        if self.adaptive is not None:
             return DIRECTIONS
         static = self.static()
         return tuple(direction for direction in DIRECTIONS if direction in static)
+
+
+class CapacityCharge(NamedTuple):
+    """What one charge to the capacity decided (`CapacityManager.record`)."""
+
+    #: the capacity throttle it causes (0: within its share)
+    throttle_ms: int
+    #: whether the tenant's bucket was in debt before it: a fetch that finds it out of debt is
+    #: delivered and paid back by its throttle (as the smooth shape does), else a response larger
+    #: than the burst would be emptied every time
+    in_debt: bool
+
+
+#: A charge that nothing binds (the usual case: no allocation made).
+UNMETERED = CapacityCharge(0, False)
 
 
 class Flow:
@@ -202,6 +224,7 @@ class Flow:
 class DirectionState:
     """One direction's tenants and what the last refresh decided."""
 
+    direction: QuotaType
     flows: dict[BucketKey, Flow] = field(default_factory=dict)
     #: (user, client-id) -> its tenant's flow: one lookup on the hot path (cleared when tenants or
     #: shares change, or a flow goes)
@@ -226,7 +249,7 @@ class DirectionState:
     unmetered: float = 0.0
     #: `unmetered` past this refreshes early: one refresh interval's worth of `effective` (inf: none)
     early_after: float = math.inf
-    #: the highest `total_rate` seen (what "light" is judged against without a capacity)
+    #: the highest `total_rate` a refresh saw (what "light" is judged against without a capacity)
     peak_rate: float = 0.0
     #: tenants only peers report, with their rate, at the last refresh
     peer_only: dict[BucketKey, float] = field(default_factory=dict)
@@ -242,26 +265,18 @@ class CapacityManager:
         self.window = window
         self.max_tenants = max_tenants
         self.config: CapacityConfig | None = None
-        self.directions: dict[QuotaType, DirectionState] = {}
-        #: the same, by the direction's config name (what the hot path looks up)
+        #: each tracked direction's state, by the direction's config name (`QuotaType.value`: the
+        #: hot path's lookup, as an enum's own hash is a Python call); `directions` lists them
         self._states: dict[str, DirectionState] = {}
         #: `share` entities in force (Kafka's precedence resolves them)
         self.shares: dict[QuotaEntity, float] = {}
         self._tenants: dict[tuple[str, str], tuple[BucketKey, float]] = {}
-        #: the adaptive factor in force (1.0: the whole capacity): the lowest of this member's
-        #: own (`own_factor`, set by the I/O layer's controller) and its fresh peers'
-        self.factor = 1.0
-        self.own_factor = 1.0
-        #: adaptive mode without a static capacity: the capacity learned from healthy throughput,
-        #: applied while the factor is below 1 (None: nothing learned yet)
-        self.learned: dict[QuotaType, float] = {}
+        #: the adaptive factor in force and what it scales without a static capacity (its
+        #: `controller` is set by the I/O layer, proxy/capacity/live.py)
+        self.factor_state = CapacityFactor()
         self.max_throttle_ms = MAX_CAPACITY_THROTTLE_WINDOWS * window.window_ms
         #: the latest end of any capacity throttle (a quick test for `remaining_throttle_ms`)
         self.throttled_until_ms = 0
-        #: whether the tenant's bucket was in debt before the latest throttling `record`: a fetch
-        #: that finds it out of debt is delivered and paid back by its throttle (as the smooth
-        #: shape does), else a response larger than the burst would be emptied every time
-        self.in_debt = False
         #: the fleet's merged peer usage (None: a lone proxy)
         self.peers: PeerUsage | None = None
         self._charged: dict[QuotaType, set[BucketKey]] = {}
@@ -272,20 +287,35 @@ class CapacityManager:
     def enabled(self) -> bool:
         return self.config is not None
 
+    @property
+    def active(self) -> bool:
+        """Whether some direction is tracked (what the engine tests before charging)."""
+        return bool(self._states)
+
+    @property
+    def directions(self) -> dict[QuotaType, DirectionState]:
+        """Each tracked direction's state (a view made on each call: not for the hot path)."""
+        return {state.direction: state for state in self._states.values()}
+
+    @property
+    def factor(self) -> float:
+        """The adaptive factor in force (1.0: the whole capacity; see capacity_factor.py)."""
+        return self.factor_state.factor
+
     def configure(self, config: CapacityConfig | None) -> None:
         """Apply a `[capacity]` table (None: none); tenants' histories stay where they apply."""
         self.config = config
         tracked = config.tracked() if config is not None else ()
-        self.directions = {direction: self.directions.get(direction) or DirectionState()
-                           for direction in tracked}
-        self._states = {direction._value_: state for direction, state in self.directions.items()}
+        states = self._states
+        self._states = {direction._value_: states.get(direction._value_) or DirectionState(direction)
+                        for direction in tracked}
         self._charged = {direction: self._charged.get(direction, set()) for direction in tracked}
 
     def set_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
         """The `share` entities in force; every live tenant takes its new weight at once."""
         self.shares = dict(shares)
         self._tenants = {}
-        for state in self.directions.values():
+        for state in self._states.values():
             state.clients = {}
             for flow in state.flows.values():
                 flow.weight = self._weight(flow.key)
@@ -311,23 +341,17 @@ class CapacityManager:
         config = self.config
         if config is None:
             return None
-        static = config.static().get(direction)
-        if static is None:
-            if self.factor >= 1.0:
-                return None
-            static = self.learned.get(direction)
-            if static is None:
-                return None
-        return static * self.factor
+        return self.factor_state.scale(direction, config.static().get(direction))
 
     # -- the hot path ------------------------------------------------------------------------
 
     def record(self, direction: QuotaType, user: str, client_id: str, value: float,
-               cap: float | None, now_ms: int) -> int:
-        """Count one charge to its tenant; the capacity throttle it causes (0 within its share)."""
+               cap: float | None, now_ms: int) -> CapacityCharge:
+        """Count one charge to its tenant: the capacity throttle it causes, and whether its bucket
+        was in debt before it (see CapacityCharge)."""
         state = self._states.get(direction._value_)  # an enum's own hash is a Python call
         if state is None:
-            return 0
+            return UNMETERED
         flow = state.clients.get((user, client_id))
         if flow is None:
             flow = self._flow(state, user, client_id, now_ms)
@@ -337,17 +361,16 @@ class CapacityManager:
             self._charged[direction].add(flow.key)
         allocation = flow.local_allocation
         if not state.contended or allocation == _UNLIMITED:
-            self.in_debt = False
             state.unmetered += value  # nothing binds, or a tenant new since the refresh
             if state.unmetered > state.early_after:
-                self._refresh_direction(direction, state, now_ms)
-            return 0
+                self._refresh_direction(state, now_ms)
+            return UNMETERED
         tokens = flow.tokens
         if tokens is None:
             tokens = flow.tokens = TokenBucket()
         burst = allocation * BURST_MS / 1000.0
         level = tokens.refill(allocation, burst, now_ms)  # one refill for the test and the take
-        self.in_debt = in_debt = level < 0.0
+        in_debt = level < 0.0
         if in_debt and direction is QuotaType.FETCH:
             # answered empty (see QuotaEngine): not charged, held until the bucket is back at zero
             tokens.tokens = level
@@ -364,7 +387,7 @@ class CapacityManager:
                 flow.throttled_until_ms = until
                 if until > self.throttled_until_ms:
                     self.throttled_until_ms = until
-        return throttle
+        return CapacityCharge(throttle, in_debt)
 
     def _flow(self, state: DirectionState, user: str, client_id: str, now_ms: int) -> Flow:
         """The flow of (user, client-id)'s tenant, made if new (past `max_tenants`, the overflow
@@ -427,11 +450,12 @@ class CapacityManager:
         Also drops tenants whose rate holds no history and whose throttle is over (as bucket
         expiry does): a new flow for the same tenant measures exactly as the old one would.
         """
-        for direction, state in self.directions.items():
-            self._refresh_direction(direction, state, now_ms)
+        for state in self._states.values():
+            self._refresh_direction(state, now_ms)
 
-    def _refresh_direction(self, direction: QuotaType, state: DirectionState, now_ms: int) -> None:
+    def _refresh_direction(self, state: DirectionState, now_ms: int) -> None:
         """`refresh` for one direction (also run early from `record`: see DirectionState.unmetered)."""
+        direction = state.direction
         view = self.peers.view(CAPACITY_STREAMS[direction]) if self.peers is not None else None
         capacity = self.capacity(direction)
         state.effective = capacity
@@ -481,6 +505,8 @@ class CapacityManager:
                         unbounded.add(key)
         state.peer_only = peer_only
         state.total_rate = total
+        if total > state.peak_rate:
+            state.peak_rate = total
         state.refreshed_ms = now_ms
         state.unmetered = 0.0
         if capacity is None:
@@ -525,14 +551,15 @@ class CapacityManager:
 
     def attach_fleet(self, peers: PeerUsage | None) -> None:
         """Add peers' rates per direction from now on (None: alone again)."""
-        self.peers = peers
-        self._charged = {direction: set() for direction in self.directions}
+        self.peers = self.factor_state.peers = peers
+        self._charged = {state.direction: set() for state in self._states.values()}
 
     def local_usage(self, now_ms: int, changed_only: bool) -> list[UsageEntry]:
         """Each tenant's own rate for the fleet's report; `changed_only`: tenants charged since the
         last delta listing whose rate moved by more than 1 % of it (or of their allocation)."""
         out: list[UsageEntry] = []
-        for direction, state in self.directions.items():
+        for state in self._states.values():
+            direction = state.direction
             stream = CAPACITY_STREAMS[direction]
             charged = self._charged.get(direction, set())
             self._charged[direction] = set()
@@ -550,8 +577,8 @@ class CapacityManager:
 
     def list_flows(self, stream: CapacityStream, keys: Iterable[BucketKey], now_ms: int) -> list[UsageEntry]:
         """Measure and list these tenants of one stream (gone ones skipped), for a full report."""
-        for direction, state in self.directions.items():
-            if CAPACITY_STREAMS[direction] is stream:
+        for state in self._states.values():
+            if CAPACITY_STREAMS[state.direction] is stream:
                 out = []
                 for key in keys:
                     flow = state.flows.get(key)
@@ -562,63 +589,30 @@ class CapacityManager:
         return []
 
     def factor_usage(self) -> list[UsageEntry]:
-        """This member's own adaptive factor, for every report (adaptive mode only). Its own, not
-        the fleet's lowest: members echoing the minimum would hold each other down forever."""
+        """This member's own adaptive factor, for every report (adaptive mode only)."""
         config = self.config
-        if config is None or not config.adaptive:
+        if config is None or config.adaptive is None:
             return []
-        return [UsageEntry(CapacityStream.CAPACITY_FACTOR, "", "", self.own_factor)]
+        return self.factor_state.usage()
 
-    def update_factor(self, own: float, now_ms: int) -> float:
-        """Set this member's own factor; the factor in force becomes the lowest of it and the
-        fresh peers' (a peer that stops reporting no longer holds the fleet down once stale).
-
-        Adaptive mode without a static capacity: when the factor first drops below 1, the
-        capacity to scale is the fleet-wide throughput of the last refresh, the one observed when
-        the brokers were last healthy; it is forgotten once the factor is back at 1.
-        """
-        self.own_factor = own
-        peer = self.peer_factor(now_ms)
-        factor = own if peer is None else min(own, peer)
-        if factor < 1.0 <= self.factor:
-            self.learned = {direction: state.total_rate for direction, state in self.directions.items()
-                            if state.total_rate > 0.0}
-        elif factor >= 1.0:
-            self.learned = {}
-        self.factor = factor
-        return factor
+    def update_factor(self, now_ms: int) -> float:
+        """Bring the factor in force up to date from this refresh's fleet-wide rates."""
+        totals = {state.direction: state.total_rate for state in self._states.values()}
+        return self.factor_state.update(totals, now_ms)
 
     def light(self) -> bool:
-        """Whether the load is light now: every direction with a capacity (static, or learned
-        while the factor is below 1) at most LIGHT_FRACTION of it. Directions without one do
-        not count, unless none has one (adaptive mode alone): then every direction is judged
-        against the highest rate it was seen at, so a cluster busy from the start is never
-        light and never learns busy as healthy."""
+        """Whether the load is light now (CapacityFactor.light); False without a capacity."""
         config = self.config
         if config is None:
             return False
-        static = config.static()
-        bases = {direction: static.get(direction) or self.learned.get(direction)
-                 for direction in self.directions}
-        judged = {direction: base for direction, base in bases.items() if base}
-        for direction, state in self.directions.items():
-            if state.total_rate > state.peak_rate:
-                state.peak_rate = state.total_rate
-            if not judged:
-                judged[direction] = state.peak_rate
-        return all(self.directions[direction].total_rate <= LIGHT_FRACTION * base
-                   for direction, base in judged.items())
-
-    def peer_factor(self, now_ms: int) -> float | None:
-        """The lowest adaptive factor a fresh peer reported (None: none reported)."""
-        if self.peers is None:
-            return None
-        values = self.peers.view(CapacityStream.CAPACITY_FACTOR).fresh_values(("", ""), now_ms)
-        return min(values) if values else None
+        states = self.directions
+        return self.factor_state.light(config.static(),
+                                       {direction: state.total_rate for direction, state in states.items()},
+                                       {direction: state.peak_rate for direction, state in states.items()})
 
 
 __all__ = [
     "DEFAULT_MAX_TENANTS", "DIRECTIONS", "GREEDY_RATIO", "HEADROOM", "MAX_CAPACITY_THROTTLE_WINDOWS",
-    "OVERFLOW_TENANT", "REFRESH_INTERVAL_MS", "CapacityConfig", "CapacityError", "CapacityManager",
-    "DirectionState", "Flow",
+    "OVERFLOW_TENANT", "REFRESH_INTERVAL_MS", "UNMETERED", "CapacityCharge", "CapacityConfig",
+    "CapacityError", "CapacityManager", "DirectionState", "Flow", "check_tuning",
 ]

@@ -40,11 +40,12 @@ from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaMana
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
 from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
-from .types import CAPACITY_STREAMS, CapacityStream, QuotaType, UsageKind
+from .types import CAPACITY_STREAMS, CapacityStream, ConfigKey, EntitySetting, QuotaType, UsageKind
 from .usage import UsageAccount
 
-#: quota values per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0, ...}}`)
-QuotaTable = dict[QuotaEntity, dict[QuotaType, float]]
+#: quota values and settings per entity, as configured (`{entity: {QuotaType.PRODUCE: 1024.0,
+#: EntitySetting.SHARE: 3.0, ...}}`)
+QuotaTable = dict[QuotaEntity, dict[ConfigKey, float]]
 
 #: the directions the hot path charges a capacity with (a module name: an enum member's lookup on
 #: its class costs a Python call)
@@ -133,6 +134,9 @@ class QuotaEngine:
         self.table: QuotaTable = {}
         #: every entity in force, `ip` ones included: what the admin API describes and changes
         self.configured: QuotaTable = {}
+        #: each entity setting's entities in force (resolved with Kafka's precedence where read)
+        self.settings: dict[EntitySetting, dict[QuotaEntity, float]] = {
+            setting: {} for setting in EntitySetting}
         self._expiry_turn = 0
         #: the fleet's merged peer usage (None: a lone proxy)
         self.fleet: PeerUsage | None = None
@@ -153,8 +157,10 @@ class QuotaEngine:
         self.connections.set_ip_quotas({entity.ip: values[QuotaType.CONNECTION_CREATION]
                                         for entity, values in table.items()
                                         if entity.ip is not None and QuotaType.CONNECTION_CREATION in values})
-        self.capacity.set_shares({entity: values[QuotaType.SHARE] for entity, values in self.table.items()
-                                  if QuotaType.SHARE in values})
+        self.settings = {setting: {entity: values[setting] for entity, values in self.table.items()
+                                   if setting in values}
+                         for setting in EntitySetting}
+        self.capacity.set_shares(self.settings[EntitySetting.SHARE])
 
     def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
         """Every quota type's manager: `managers` and the controller mutation quota's."""
@@ -217,7 +223,7 @@ class QuotaEngine:
         request was counted by an earlier charge, as a Produce's response after its arrival).
         """
         usage = self.usage
-        capacity = self.capacity if self.capacity.directions else None
+        capacity = self.capacity if self.capacity.active else None
         if not self.table and capacity is None:
             if usage is not None:
                 usage.record(user, client_id, api_key, produce_bytes, fetch_bytes, request_time_ms)
@@ -238,7 +244,8 @@ class QuotaEngine:
                 worst, worst_type = charge, QuotaType.PRODUCE
             if capacity is not None:
                 by_capacity = capacity.record(_CAPACITY_PRODUCE, user, client_id, produce_bytes,
-                                              charge.bound if charge.bucket is not None else None, now_ms)
+                                              charge.bound if charge.bucket is not None else None,
+                                              now_ms).throttle_ms
                 if by_capacity:
                     capacity_type = _CAPACITY_PRODUCE
         fetch_in_debt = True
@@ -247,9 +254,10 @@ class QuotaEngine:
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms > worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.FETCH
             if capacity is not None:
-                throttle = capacity.record(_CAPACITY_FETCH, user, client_id, fetch_bytes,
-                                           charge.bound if charge.bucket is not None else None, now_ms)
-                fetch_in_debt = capacity.in_debt
+                fetched = capacity.record(_CAPACITY_FETCH, user, client_id, fetch_bytes,
+                                          charge.bound if charge.bucket is not None else None, now_ms)
+                fetch_in_debt = fetched.in_debt
+                throttle = fetched.throttle_ms
                 if throttle > by_capacity:
                     by_capacity, capacity_type = throttle, _CAPACITY_FETCH
         if producer_ids:
@@ -269,9 +277,10 @@ class QuotaEngine:
             charge = managers[QuotaType.REQUEST].record(user, client_id, request_time_ms / 10.0, now_ms)
             if charge.throttle_ms > 0 and (worst is None or charge.throttle_ms >= worst.throttle_ms):
                 worst, worst_type = charge, QuotaType.REQUEST
-            if capacity is not None and QuotaType.REQUEST in capacity.directions:
+            if capacity is not None:
                 throttle = capacity.record(QuotaType.REQUEST, user, client_id, request_time_ms / 10.0,
-                                           charge.bound if charge.bucket is not None else None, now_ms)
+                                           charge.bound if charge.bucket is not None else None,
+                                           now_ms).throttle_ms
                 if throttle > by_capacity:
                     by_capacity, capacity_type = throttle, QuotaType.REQUEST
         if usage is not None:
@@ -303,7 +312,7 @@ class QuotaEngine:
         """The capacity's throttle won: count it apart from the quotas' (its own counters and
         usage-event key). A fetch (`empty_fetch`) whose tenant's bucket was already in debt is
         emptied and taken back, as Kafka does for a quota; one that found the bucket out of
-        debt is delivered and paid back by its throttle (see CapacityManager.in_debt)."""
+        debt is delivered and paid back by its throttle (see CapacityCharge.in_debt)."""
         self.capacity.record_throttle(direction, user, client_id, throttle_ms)
         if self.usage is not None:
             self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
@@ -316,7 +325,7 @@ class QuotaEngine:
         """A throttled fetch answered empty: its bytes count nowhere (Kafka un-records them);
         `capacity_tokens`: the capacity's bucket was charged for it too."""
         self.managers[QuotaType.FETCH].unrecord(charge, fetch_bytes, now_ms)
-        if self.capacity.directions:
+        if self.capacity.active:
             self.capacity.unrecord(QuotaType.FETCH, user, client_id, fetch_bytes, now_ms, capacity_tokens)
         if self.usage is not None:
             self.usage.unrecord_fetch(user, client_id, fetch_bytes)
@@ -369,9 +378,10 @@ class QuotaEngine:
         self.capacity.attach_fleet(peers)
         for quota_type, manager in self.managers.items():
             manager.attach_fleet(peers.view(quota_type), on_urgent)
-        # the controller mutation buckets travel as running totals (see controller_mutation.py)
+        # the controller mutation buckets travel as running totals (a TOTAL stream: see
+        # controller_mutation.py and fleet_streams.py)
         self.controller_mutation.attach_counts(on_urgent)
-        peers.on_count = self.controller_mutation.peer_charged
+        peers.ledger(QuotaType.CONTROLLER_MUTATION).on_debit = self.controller_mutation.peer_charged
         ip_view = peers.view(QuotaType.CONNECTION_CREATION)
         self.connections.attach_peers(lambda bucket, now_ms: ip_view.rate(("", bucket), now_ms), on_urgent)
 
@@ -385,7 +395,7 @@ class QuotaEngine:
         usage += self.controller_mutation.count_usage(changed_only=changed_only)
         charged = self.connections.take_charged() if changed_only else None
         usage += self._ip_buckets(self.connections.ip_usage(now_ms, charged))
-        if self.capacity.directions:
+        if self.capacity.active:
             usage += self.capacity.local_usage(now_ms, changed_only)
             usage += self.capacity.factor_usage()
         return usage

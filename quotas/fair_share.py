@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Generic, TypeVar
 
-#: The quota key that gives an entity its weight when the cluster capacity is shared.
+#: The entity setting that gives an entity its weight when the cluster capacity is shared
+#: (`EntitySetting.SHARE`, whose one rule is `validate_share`).
 SHARE_KEY = "share"
 
 K = TypeVar("K", bound=Hashable)
@@ -48,15 +49,16 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def validate_share(value: object, entity: str) -> float:
-    """The `share` quota key's rule: a finite number > 0 (bools and strings refused).
+def validate_share(value: object, where: str) -> float:
+    """The `share` setting's one rule, wherever it is set: a finite number > 0 (bools and strings
+    refused). `where` names the entity (and the source), first in the message.
 
     Shares are relative weights, so any positive scale works; 0 is refused rather than read as
     "never served", which would let one config line starve an entity.
     """
     share = _number(value)
     if share is None or share <= 0:
-        raise FairShareError(f"{SHARE_KEY} for {entity}: {value!r} must be a number > 0")
+        raise FairShareError(f"{where}: {SHARE_KEY} = {value!r} must be a number > 0")
     return share
 
 

@@ -8,11 +8,14 @@ everything about that exchange that needs no socket and no clock of its own:
 - the usage datagram: `encode_usage` / `decode_usage`, HMAC-SHA256 signed with the fleet secret,
   at most `MAX_DATAGRAM_BYTES` each, with a per-datagram string table so that one entry costs
   7 bytes plus its share of the names;
-- `PeerUsage`: what peers reported, with replay protection per sender and the ageing rule (full
-  weight while fresh, then linearly to 0 over one quota window: never a step, which would give a
-  dead member's clients a fresh burst); each `ClientQuotaManager` reads its `PeerView` per charge
-  (one dict lookup, and one comparison while the peers' reports are fresh);
-- `UsageTracker`: what this member must send next (changed entries every sync, all every full sync).
+- `PeerUsage`: what peers reported, with replay protection per sender, read per stream as the
+  stream's declared kind says (fleet_streams.py): a rate's ageing rule (full weight while fresh,
+  then linearly to 0 over one quota window: never a step, which would give a dead member's clients
+  a fresh burst), a level's (as it is while fresh, then nothing), a total's growth (`CountLedger`);
+  each `ClientQuotaManager` reads its `PeerView` per charge (one dict lookup, and one comparison
+  while the peers' reports are fresh);
+- `UsageTracker`: what this member must send next (changed entries every sync, all every full sync;
+  a total on every change, as its kind says).
 
 Freshness decides the accuracy. When headroom opens, every member's clients rush into it at once,
 and a member sees the others' rush only when they report; so besides the periodic syncs, a bucket
@@ -30,14 +33,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from .fleet_datagram import (
-    KINDS_BY_NAME,
     MAX_CLOCK_SKEW_MS,
     MAX_DATAGRAM_BYTES,
     MAX_FLEET_NAME_BYTES,
     MAX_LITERAL_NAME_BYTES,
     MIN_SECRET_BYTES,
     REJECT_REASONS,
-    USAGE_KINDS,
     DatagramRejected,
     NameItems,
     UsageEntry,
@@ -46,10 +47,8 @@ from .fleet_datagram import (
     encode_usage,
     wire_name,
 )
-from .types import QuotaType, UsageKind
-
-#: The stream whose values are running totals, not rates (see CountLedger).
-_COUNTED = QuotaType.CONTROLLER_MUTATION
+from .fleet_streams import SENT_ON_ANY_CHANGE, STREAMS, STREAMS_BY_NAME, StreamKind
+from .types import UsageKind
 
 #: A peer's entry counts at full weight for this long after its last update: three full syncs
 #: (`full_sync_interval_ms` 1000), so two lost full syncs in a row change nothing.
@@ -141,18 +140,21 @@ class _Sender:
 
 
 class PeerView:
-    """Peers' rates for one quota type: what a `ClientQuotaManager` asks on every recording.
+    """Peers' values for one RATE or LEVEL stream: a rate is what a `ClientQuotaManager` asks on
+    every recording (`rate`), a level what the capacity factor reads (`levels`).
 
     The manager holds its view, so the hot path costs one dict lookup by its bucket key (no
     enum hashing) and, for a key peers reported, one comparison while every report is fresh,
     else a loop over the peers that reported it.
     """
 
-    __slots__ = ("_peers", "has_digests", "quota", "reports")
+    __slots__ = ("_peers", "has_digests", "kind", "quota", "reports")
 
-    def __init__(self, peers: PeerUsage, quota: UsageKind) -> None:
+    def __init__(self, peers: PeerUsage, quota: UsageKind, kind: StreamKind) -> None:
         self._peers = peers
         self.quota = quota
+        #: how its values are read: RATE (`rate`, fading) or LEVEL (`levels`, fresh only)
+        self.kind = kind
         #: (user, client-id) in wire form -> the slots of the peers reporting it
         self.reports: dict[tuple[str, str], PeerReports] = {}
         #: whether any key in digest form was ever reported (lookups then map long names)
@@ -190,9 +192,9 @@ class PeerView:
         age = now_ms - slot.updated_ms - self._peers.stale_after_ms
         return slot.rate if age <= 0 else slot.rate * max(0.0, 1.0 - age / self._peers.quota_window_ms)
 
-    def fresh_values(self, key: tuple[str, str], now_ms: int) -> list[float]:
-        """Each peer's value for `key` reported within `stale_after_ms`, unweighted: for values
-        that are not rates and must not fade towards 0 (the adaptive factor)."""
+    def levels(self, key: tuple[str, str], now_ms: int) -> list[float]:
+        """A LEVEL stream's read: each peer's value for `key` reported within `stale_after_ms`, as
+        it is (a level must not fade towards 0, nor count once stale)."""
         reports = self.reports.get(key)
         if reports is None:
             return []
@@ -208,7 +210,7 @@ class PeerView:
 
 
 class CountLedger:
-    """Peers' running totals (the controller mutation stream): what each new report adds.
+    """Peers' running totals of one TOTAL stream (controller mutations): what each report adds.
 
     A rate is state, so a peer's latest replaces its previous one; a token bucket is debited by
     events, so the fleet exchanges, per bucket, the partitions each member charged since it created
@@ -219,10 +221,13 @@ class CountLedger:
     restarted receiver is then stricter for at most one refill, never looser.
     """
 
-    __slots__ = ("_totals", "max_entries")
+    __slots__ = ("_totals", "max_entries", "on_debit")
 
     def __init__(self, max_entries: int = DEFAULT_MAX_PEER_ENTRIES) -> None:
         self.max_entries = max_entries
+        #: where what a peer's total grew by goes ((user, client-id) in wire form, what to debit,
+        #: debited whole, now); None: heard and dropped. `QuotaEngine.attach_fleet` sets it.
+        self.on_debit: Callable[[tuple[str, str], float, bool, int], None] | None = None
         #: (sender, user, client-id) -> (the last total heard, when), least recently heard first
         self._totals: OrderedDict[tuple[int, str, str], tuple[float, int]] = OrderedDict()
 
@@ -280,21 +285,26 @@ class PeerUsage:
         #: this member's own incarnation id: its own datagrams (a peer list naming every member,
         #: this one included) are ignored rather than counted twice
         self.own_sender = own_sender
-        self._views = {quota: PeerView(self, quota) for quota in USAGE_KINDS}
-        self._views_by_name = {quota._name_: view for quota, view in self._views.items()}
+        # each stream's store, as its declared kind says: a view of slots (RATE, LEVEL) or a ledger
+        self._views = {stream: PeerView(self, stream, declared.kind) for stream, declared in STREAMS.items()
+                       if declared.kind is not StreamKind.TOTAL}
+        self._views_by_name = {stream._name_: view for stream, view in self._views.items()}
+        self._ledgers = {stream: CountLedger(max_entries) for stream, declared in STREAMS.items()
+                         if declared.kind is StreamKind.TOTAL}
+        self._ledgers_by_name = {stream._name_: ledger for stream, ledger in self._ledgers.items()}
         #: every slot, least recently updated first (expiry and eviction take from the front)
         self._order: OrderedDict[_Slot, None] = OrderedDict()
         self._senders: dict[int, _Sender] = {}
         #: entries evicted because `max_entries` was reached (their usage dropped early)
         self.evicted = 0
-        #: peers' controller mutation totals, and where what they add goes (`QuotaEngine.attach_fleet`
-        #: sets it: (user, client-id) in wire form, partitions, debited whole, now)
-        self.counts = CountLedger(max_entries)
-        self.on_count: Callable[[tuple[str, str], float, bool, int], None] | None = None
 
     def view(self, quota: UsageKind) -> PeerView:
-        """The view a quota manager keeps (see `PeerView.rate`)."""
+        """The view of a RATE or LEVEL stream (see `PeerView.rate`, `PeerView.levels`)."""
         return self._views[quota]
+
+    def ledger(self, stream: UsageKind) -> CountLedger:
+        """The ledger of a TOTAL stream (see `CountLedger`; its `on_debit` takes what peers add)."""
+        return self._ledgers[stream]
 
     def accept(self, report: UsageReport, now_ms: int) -> None:
         """Apply a verified report (raises DatagramRejected("replayed") if seq <= the sender's highest)."""
@@ -313,12 +323,13 @@ class PeerUsage:
         views = self._views_by_name
         for entry in report.entries:
             quota, user, client_id, rate = entry
-            if quota is _COUNTED:
-                debit, whole = self.counts.heard(sender.id, user, client_id, rate, now_ms)
-                if debit > 0.0 and self.on_count is not None:
-                    self.on_count((user, client_id), debit, whole, now_ms)
+            view = views.get(quota._name_)  # an enum's own hash is a Python call
+            if view is None:  # a TOTAL stream: what its total grew by is debited
+                ledger = self._ledgers_by_name[quota._name_]
+                debit, whole = ledger.heard(sender.id, user, client_id, rate, now_ms)
+                if debit > 0.0 and ledger.on_debit is not None:
+                    ledger.on_debit((user, client_id), debit, whole, now_ms)
                 continue
-            view = views[quota._name_]  # an enum's own hash is a Python call
             key = (user, client_id)
             reports = view.reports.get(key)
             slot = None
@@ -408,7 +419,8 @@ class PeerUsage:
                 break
             self._remove(slot)
             dropped += 1
-        dropped += self.counts.expire(now_ms, limit, budget)
+        for ledger in self._ledgers.values():
+            dropped += ledger.expire(now_ms, limit, budget)
         gone = [sender_id for sender_id, sender in self._senders.items()
                 if not sender.entries and now_ms - sender.last_ms >= SENDER_RETENTION_MS]
         for sender_id in gone:
@@ -426,8 +438,9 @@ class PeerUsage:
 class UsageTracker:
     """What this member must send next: changed entries every sync, everything every full sync.
 
-    Compares with what was last *sent*, so slow drift accumulates until it crosses the ratio. A
-    rate that went to 0 is sent once; a bucket that disappeared from a full listing (it expired
+    Compares with what was last *sent*, so slow drift accumulates until it crosses the ratio (a
+    stream whose kind is resent on any change, a TOTAL, at every change). A value that went to 0
+    is sent once; a bucket that disappeared from a full listing (it expired
     locally) is sent once as 0 and forgotten, so peers drop it without waiting for it to age out.
     """
 
@@ -444,6 +457,7 @@ class UsageTracker:
         """The entries to send now. With `full`, `current` must list every live bucket; without,
         it may list only some (`QuotaEngine.local_usage(now_ms, changed_only=True)`)."""
         ratio = self.change_ratio
+        any_change = SENT_ON_ANY_CHANGE
         out: list[UsageEntry] = []
         sent = self._sent
         if not full:
@@ -455,7 +469,8 @@ class UsageTracker:
                     if last:  # went to 0: once
                         out.append(entry)
                         sent[key] = 0.0
-                elif last is None or abs(rate - last) > ratio * last or (quota is _COUNTED and rate != last):
+                elif last is None or abs(rate - last) > ratio * last or (
+                        rate != last and key[0] in any_change):
                     out.append(entry)
                     sent[key] = rate
             return out
@@ -471,7 +486,7 @@ class UsageTracker:
             listed[key] = rate
         for (name, user, client_id), last in sent.items():
             if last:
-                out.append(UsageEntry(KINDS_BY_NAME[name], user, client_id, 0.0))
+                out.append(UsageEntry(STREAMS_BY_NAME[name], user, client_id, 0.0))
         self._sent = listed
         return out
 
@@ -485,6 +500,6 @@ __all__ = [
     "EXPIRY_BUDGET", "MAX_CLOCK_SKEW_MS", "MAX_DATAGRAM_BYTES", "MAX_FLEET_NAME_BYTES",
     "MAX_PENDING_PRODUCER_IDS", "MIN_SECRET_BYTES", "REJECT_REASONS", "SENDER_RETENTION_MS",
     "URGENT_CHANGE_RATIO", "URGENT_MIN_INTERVAL_MS", "CountLedger", "DatagramRejected", "NameItems",
-    "PeerReports", "PeerUsage", "PeerView", "UsageEntry", "UsageReport", "UsageTracker", "decode_usage",
-    "encode_usage", "wire_name",
+    "PeerReports", "PeerUsage", "PeerView", "StreamKind", "UsageEntry", "UsageReport", "UsageTracker",
+    "decode_usage", "encode_usage", "wire_name",
 ]

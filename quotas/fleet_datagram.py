@@ -33,7 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .types import CapacityStream, QuotaType, UsageKind
+from .fleet_streams import STREAMS
+from .types import UsageKind
 
 #: Payload bound: 1,280 bytes is IPv6's minimum MTU; 1,200 leaves room for IP and UDP headers on
 #: any path without fragmentation (QUIC's minimum datagram size, RFC 9000 §14, for the same reason).
@@ -76,25 +77,9 @@ _FLOAT32_MAX = 3.4028234663852886e38
 _FIXED_BYTES = _HEAD.size + _IDS.size + 1 + 2 * _COUNT16.size + _MAC_BYTES
 _MIN_DATAGRAM_BYTES = _FIXED_BYTES
 
-#: Stable wire codes of the quota types (never the enum's order).
-_QUOTA_CODES: dict[UsageKind, int] = {
-    QuotaType.PRODUCE: 0,
-    QuotaType.FETCH: 1,
-    QuotaType.REQUEST: 2,
-    QuotaType.CONTROLLER_MUTATION: 3,
-    QuotaType.PRODUCER_IDS: 4,
-    QuotaType.CONNECTION_CREATION: 5,
-    CapacityStream.CAPACITY_PRODUCE: 6,
-    CapacityStream.CAPACITY_FETCH: 7,
-    CapacityStream.CAPACITY_REQUEST: 8,
-    CapacityStream.CAPACITY_FACTOR: 9,
-    # a weight, never sent; coded so every QuotaType has one
-    QuotaType.SHARE: 10,
-}
+#: Stable wire codes of the streams (fleet_streams.py declares them with their kinds).
+_QUOTA_CODES: dict[UsageKind, int] = {stream: declared.code for stream, declared in STREAMS.items()}
 _QUOTAS_BY_CODE: dict[int, UsageKind] = {code: quota for quota, code in _QUOTA_CODES.items()}
-#: every kind an entry can be about (the fleet keeps a view of each), and by member name
-USAGE_KINDS: tuple[UsageKind, ...] = tuple(_QUOTA_CODES)
-KINDS_BY_NAME: dict[str, UsageKind] = {kind.name: kind for kind in USAGE_KINDS}
 _QUOTA_CODES_BY_NAME: dict[str, int] = {quota.name: code for quota, code in _QUOTA_CODES.items()}
 
 #: Reasons a datagram is dropped (the label of kthrottle_fleet_datagrams_rejected_total).

@@ -1,8 +1,11 @@
-"""The quota keys kthrottle enforces, named as in Kafka's configs."""
+"""The quota keys kthrottle enforces, named as in Kafka's configs, and the entity settings beside them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
+
+from .fair_share import validate_share
 
 
 class QuotaType(Enum):
@@ -15,9 +18,6 @@ class QuotaType(Enum):
     PRODUCER_IDS = "producer_ids_rate"
     #: KIP-612: new connections per second from one client address (`ip` entities only)
     CONNECTION_CREATION = "connection_creation_rate"
-    #: kthrottle's weight of a tenant when the cluster capacity is shared (capacity.py); not a
-    #: rate, never charged, resolved with Kafka's precedence like the others
-    SHARE = "share"
 
     @property
     def integral(self) -> bool:
@@ -44,11 +44,36 @@ class QuotaType(Enum):
             QuotaType.CONTROLLER_MUTATION: "ControllerMutation",
             QuotaType.PRODUCER_IDS: "ProducerIds",
             QuotaType.CONNECTION_CREATION: "ConnectionCreation",
-            QuotaType.SHARE: "Share",
         }[self]
 
 
 QUOTA_KEYS: dict[str, QuotaType] = {t.value: t for t in QuotaType}
+
+
+class EntitySetting(Enum):
+    """A setting of a (user, client-id) entity that is not a quota: never charged, metered nor
+    exchanged by the fleet, yet kept with the entity's quotas, set through every quota source as a
+    quota key is (the file, the admin API, ZooKeeper, the quota topic) and resolved with Kafka's
+    precedence. `value` is its config name. A new one needs a member and its rule (SETTING_RULES)."""
+
+    #: kthrottle's weight of a tenant when the cluster capacity is shared (capacity.py)
+    SHARE = "share"
+
+    def check(self, value: object, where: str) -> float:
+        """The value, checked by the setting's one rule (ValueError names `where`, key and value)."""
+        return SETTING_RULES[self](value, where)
+
+
+#: Each setting's rule: (value, where) -> the value to keep, or ValueError naming both.
+SETTING_RULES: dict[EntitySetting, Callable[[object, str], float]] = {
+    EntitySetting.SHARE: validate_share,
+}
+
+#: What an entity's config may hold: its quotas and its settings.
+ConfigKey = QuotaType | EntitySetting
+
+#: Every key an entity's config may hold, by config name.
+CONFIG_KEYS: dict[str, ConfigKey] = {**QUOTA_KEYS, **{s.value: s for s in EntitySetting}}
 
 #: The keys of (user, client-id) entities: every key but the `ip` entity's.
 CLIENT_QUOTA_TYPES: tuple[QuotaType, ...] = tuple(t for t in QuotaType if not t.ip_only)

@@ -204,8 +204,8 @@ class TenantRow:
     def request(self) -> float:
         return self.rates.get(QuotaType.REQUEST.value, 0.0)
 
-    def share(self, quota: str) -> float | None:
-        """Rate / quota for one quota type; None without a quota."""
+    def used(self, quota: str) -> float | None:
+        """Rate / quota for one quota type (not its `share`, the capacity weight); None without a quota."""
         limit = self.limits.get(quota)
         if limit is None or limit <= 0:
             return None
@@ -213,9 +213,9 @@ class TenantRow:
 
     @property
     def usage(self) -> float | None:
-        """The share of its most used quota: the one that throttles it first."""
-        shares = [s for s in (self.share(q) for q in self.limits) if s is not None]
-        return max(shares) if shares else None
+        """How much of its most used quota it uses: the one that throttles it first."""
+        used = [u for u in (self.used(q) for q in self.limits) if u is not None]
+        return max(used) if used else None
 
     @property
     def demand(self) -> float | None:

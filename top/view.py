@@ -148,7 +148,8 @@ def _limit_bytes(row: TenantRow, quota: str) -> str:
 
 
 def _weight(row: TenantRow) -> str:
-    """A capacity tenant's `share` as configured (3, 0.5, 12.5), "-" without capacity figures."""
+    """A capacity tenant's weight, its `share` setting as configured (3, 0.5, 12.5), "-" without
+    capacity figures (kthrottle_capacity_share)."""
     return "-" if row.weight is None else f"{row.weight:.4g}"
 
 
@@ -160,10 +161,10 @@ def _demand(row: TenantRow) -> str:
 COLUMNS: tuple[Column, ...] = (
     Column("PRODUCE/s", 9, 1, lambda r: human_bytes(r.produce)),
     Column("P-QUOTA", 9, 6, lambda r: _limit_bytes(r, P), quota=True),
-    Column("P%", 5, 3, lambda r: _percent(r.share(P)), quota=True),
+    Column("P%", 5, 3, lambda r: _percent(r.used(P)), quota=True),
     Column("FETCH/s", 9, 2, lambda r: human_bytes(r.fetch)),
     Column("F-QUOTA", 9, 6, lambda r: _limit_bytes(r, F), quota=True),
-    Column("F%", 5, 3, lambda r: _percent(r.share(F)), quota=True),
+    Column("F%", 5, 3, lambda r: _percent(r.used(F)), quota=True),
     Column("REQ%", 6, 5, lambda r: f"{r.request:.1f}"),
     # the cluster capacity (docs/protecting-the-cluster.md): the tenant's weight and its produce +
     # fetch demand as estimated (TenantRow.demand)

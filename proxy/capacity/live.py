@@ -52,12 +52,13 @@ class LiveCapacity:
             return
         before, self.config = self.config, config
         self.capacity.configure(config)
-        tuning = _tuning(config)
+        tuning = config.adaptive if config is not None else None
         if tuning != self._tuning:
             self._tuning = tuning
             self.controller = AdaptiveCapacity(tuning) if tuning is not None else None
+            self.capacity.factor_state.controller = self.controller
             if tuning is None:
-                self.capacity.update_factor(1.0, int(time.monotonic() * 1000))
+                self.capacity.update_factor(int(time.monotonic() * 1000))
         if self.controller is not None and self.health is None:
             self.health = BrokerHealth(None, self.capacity)
         if self.health is not None:
@@ -84,19 +85,11 @@ class LiveCapacity:
             await self.sharing.close()
 
 
-def _tuning(config: CapacityConfig | None) -> AdaptiveConfig | None:
-    if config is None or not config.adaptive:
-        return None
-    return AdaptiveConfig(min_fraction=config.min_fraction, latency_tolerance=config.latency_tolerance,
-                          decrease_factor=config.decrease_factor, increase_step=config.increase_step,
-                          controller=config.controller)
-
-
 def _show(config: CapacityConfig | None) -> str:
     if config is None:
         return "none"
     rates = ", ".join(f"{direction.value} {value:g}" for direction, value in config.static().items())
-    return (rates or "learned") + (" (adaptive)" if config.adaptive else "")
+    return (rates or "learned") + (" (adaptive)" if config.adaptive is not None else "")
 
 
 __all__ = ["LiveCapacity"]

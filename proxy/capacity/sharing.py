@@ -61,7 +61,7 @@ class CapacitySharing:
                 if change is not None:
                     self._log(change)
             before = capacity.factor
-            after = capacity.update_factor(controller.factor, now_ms)
+            after = capacity.update_factor(now_ms)
             if after != before:
                 if self.metrics is not None:
                     self.metrics.factor_changed(before, after)

@@ -79,7 +79,7 @@ class CapacityMetrics(Collector):
                                   "Each tenant's fair share of the capacity: its allocation while the "
                                   "capacity binds, else what it is guaranteed (its weight's part of it)",
                                   labels=labels)
-        weight = GaugeMetricFamily("kthrottle_capacity_share", "Each tenant's weight (the `share` key)",
+        weight = GaugeMetricFamily("kthrottle_capacity_share", "Each tenant's weight (its `share` setting)",
                                    labels=labels)
         throttle_time = CounterMetricFamily("kthrottle_capacity_throttle_time_seconds",
                                             "Throttle time decided by the capacity (the tenant was above "

@@ -224,7 +224,7 @@ INVALID_REQUEST, CLUSTER_AUTHORIZATION_FAILED = 42, 31
         ({"user": "v"}, [("producer_byte_rate", -5.0, False)], "must be greater than 0"),
         ({"user": "v"}, [("consumer_byte_rate", 10.5, False)], "whole number"),
         ({"user": "v"}, [("no_such_quota", 1.0, False)], "unknown quota key no_such_quota"),
-        ({"client-id": "c"}, [("share", 0.0, False)], "client-id=c: share = 0.0 must be greater than 0"),
+        ({"client-id": "c"}, [("share", 0.0, False)], "client-id=c: share = 0.0 must be a number > 0"),
         ({"client-id": "c"}, [("producer_ids_rate", 5.0, False)], "user entities only"),
         ({"user": ""}, [("producer_byte_rate", 1.0, False)], "Empty user not supported"),
         ({"group": "g"}, [("producer_byte_rate", 1.0, False)], "Unhandled client quota entity type: group"),

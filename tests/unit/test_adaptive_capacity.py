@@ -100,21 +100,24 @@ def test_a_stalled_broker_answering_little_still_counts() -> None:
 
 def test_without_a_static_capacity_the_last_healthy_throughput_is_scaled() -> None:
     capacity = CapacityManager()
-    capacity.configure(CapacityConfig(adaptive=True))
+    capacity.configure(CapacityConfig(adaptive=AdaptiveConfig()))
     capacity.record(QuotaType.PRODUCE, "a", "c", 50_000, None, 0)
     capacity.refresh(1000)
     assert capacity.capacity(QuotaType.PRODUCE) is None  # healthy: no limit
     healthy = capacity.directions[QuotaType.PRODUCE].total_rate
     assert healthy > 0
-    capacity.update_factor(0.7, 1000)
+    capacity.factor_state.controller = controller = AdaptiveCapacity()
+    controller.factor = 0.7
+    capacity.update_factor(1000)
     assert capacity.capacity(QuotaType.PRODUCE) == pytest.approx(0.7 * healthy)
-    capacity.update_factor(1.0, 2000)
+    controller.factor = 1.0
+    capacity.update_factor(2000)
     assert capacity.capacity(QuotaType.PRODUCE) is None
 
 
 def test_light_is_judged_against_the_directions_given_a_capacity() -> None:
     capacity = CapacityManager()
-    capacity.configure(CapacityConfig(produce_byte_rate=1_000_000, adaptive=True))
+    capacity.configure(CapacityConfig(produce_byte_rate=1_000_000, adaptive=AdaptiveConfig()))
     # request time runs at its peak (no capacity of its own): it must not make the load heavy
     capacity.record(QuotaType.REQUEST, "a", "c", 50.0, None, 0)
     capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
@@ -127,7 +130,7 @@ def test_light_is_judged_against_the_directions_given_a_capacity() -> None:
 
 def test_adaptive_alone_judges_every_direction_by_its_peak() -> None:
     capacity = CapacityManager()
-    capacity.configure(CapacityConfig(adaptive=True))
+    capacity.configure(CapacityConfig(adaptive=AdaptiveConfig()))
     capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
     capacity.refresh(1000)
     assert not capacity.light()  # busy from the start: at its peak
@@ -220,4 +223,4 @@ def test_the_gradient_controller_scales_by_the_latency_ratio_every_tick() -> Non
 def test_an_unknown_controller_is_refused_with_its_name() -> None:
     message = "capacity.controller = 'pid' must be \"aimd\" or \"gradient\""
     with pytest.raises(ValueError, match=re.escape(message)):
-        CapacityConfig(adaptive=True, controller="pid")
+        CapacityConfig(adaptive=AdaptiveConfig(controller="pid"))

@@ -14,11 +14,12 @@ import pytest
 from config.capacity import parse_capacity_table
 from config.common import SettingsError
 from config.quotas import QuotaConfigError, parse_quotas
-from quotas.capacity import HEADROOM, REFRESH_INTERVAL_MS, CapacityConfig, CapacityError
+from quotas.adaptive_capacity import AdaptiveConfig
+from quotas.capacity import HEADROOM, REFRESH_INTERVAL_MS, CapacityConfig, CapacityError, CapacityManager
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaEntity
 from quotas.fleet import PeerUsage, UsageEntry, UsageReport
-from quotas.types import CapacityStream, QuotaType
+from quotas.types import CapacityStream, EntitySetting, QuotaType
 
 C = 100_000.0  # bytes/s
 SIZE = 5_000
@@ -75,7 +76,7 @@ def engine_with(shares: dict[str, float], quotas: dict[str, float] | None = None
     engine.capacity.configure(config or CapacityConfig(produce_byte_rate=C, fetch_byte_rate=C))
     table: dict[QuotaEntity, dict[QuotaType, float]] = {}
     for user, share in shares.items():
-        table[QuotaEntity(user, None)] = {QuotaType.SHARE: share}
+        table[QuotaEntity(user, None)] = {EntitySetting.SHARE: share}
     for user, quota in (quotas or {}).items():
         table.setdefault(QuotaEntity(user, None), {})[QuotaType.PRODUCE] = quota
     engine.set_quotas(table)
@@ -224,7 +225,7 @@ def test_a_bad_capacity_table_is_refused_by_name(table: dict[str, object], messa
 
 def test_capacity_config_checks_itself() -> None:
     with pytest.raises(CapacityError, match="decrease_factor"):
-        CapacityConfig(produce_byte_rate=1, decrease_factor=1.0)
+        CapacityConfig(produce_byte_rate=1, adaptive=AdaptiveConfig(decrease_factor=1.0))
 
 
 def test_consumers_starting_together_are_bound_within_the_first_second() -> None:
@@ -242,3 +243,30 @@ def test_consumers_starting_together_are_bound_within_the_first_second() -> None
     later = sum(rate(c, 1000, 10_000) for c in clients) / C
     assert first <= 5.0, first
     assert later == pytest.approx(1.0, rel=0.15), later
+
+
+def test_record_returns_the_throttle_and_whether_the_bucket_was_in_debt() -> None:
+    """No side channel: what a fetch needs to know (delivered or emptied) comes back with it."""
+    engine = engine_with({"gold": 1, "silver": 1})
+    capacity = engine.capacity
+    assert capacity.record(QuotaType.PRODUCE, "gold", "c", 10.0, None, 0) == (0, False)  # nothing binds
+    for user in ("gold", "silver"):
+        capacity.record(QuotaType.PRODUCE, user, "c", 2 * C, None, 0)
+    capacity.refresh(1000)
+    assert capacity.directions[QuotaType.PRODUCE].contended
+    first = capacity.record(QuotaType.PRODUCE, "gold", "c", 2 * C, None, 1000)
+    assert first.throttle_ms > 0 and not first.in_debt
+    second = capacity.record(QuotaType.PRODUCE, "gold", "c", 1.0, None, 1000)
+    assert second.in_debt
+
+
+def test_light_reads_and_the_refresh_keeps_the_peak() -> None:
+    capacity = CapacityManager()
+    capacity.configure(CapacityConfig(adaptive=AdaptiveConfig()))
+    capacity.record(QuotaType.PRODUCE, "a", "c", 100_000, None, 0)
+    capacity.refresh(1000)
+    state = capacity.directions[QuotaType.PRODUCE]
+    peak = state.peak_rate
+    assert peak == state.total_rate > 0
+    assert not capacity.light() and not capacity.light()
+    assert state.peak_rate == peak  # a read changes nothing

@@ -75,7 +75,7 @@ BAD_SHARES = [0, -1, 0.0, math.nan, math.inf, -math.inf, "2", True, False, None]
 def test_validate_share_refuses(value: object) -> None:
     with pytest.raises(FairShareError) as info:
         validate_share(value, "user=alice")
-    assert str(info.value) == f"share for user=alice: {value!r} must be a number > 0"
+    assert str(info.value) == f"user=alice: share = {value!r} must be a number > 0"
 
 
 @pytest.mark.parametrize("value", [1, 0.5, 3.0, 1e-6, 10**6])
@@ -86,7 +86,7 @@ def test_validate_share_accepts(value: float) -> None:
 
 @pytest.mark.parametrize("value", BAD_SHARES, ids=repr)
 def test_claim_refuses_bad_share(value: object) -> None:
-    with pytest.raises(FairShareError, match=r"share for user=alice: .* must be a number > 0") as info:
+    with pytest.raises(FairShareError, match=r"user=alice: share = .* must be a number > 0") as info:
         Claim("user=alice", 1.0, value)  # type: ignore[arg-type]
     assert repr(value) in str(info.value)
 

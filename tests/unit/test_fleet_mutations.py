@@ -62,7 +62,7 @@ def test_three_members_allow_the_quota_once() -> None:
     # without the exchange, each member's bucket is its own
     apart = [Member(1), Member(2), Member(3)]
     for member in apart:
-        member.peers.on_count = None
+        member.peers.ledger(M).on_debit = None
     assert run(apart, 30) >= 2.5 * (BURST + RATE * 30)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from proxy.capacity.live import LiveCapacity
+from quotas.adaptive_capacity import AdaptiveConfig
 from quotas.capacity import CapacityConfig, CapacityManager
 from quotas.types import QuotaType
 
@@ -33,21 +34,23 @@ def test_adaptive_on_feeds_the_controller_from_sessions_made_before_it() -> None
     live, _ = _live()
     assert live.health is not None
     observe = live.health.observer(2)  # a session that connected before adaptive was on
-    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))
     controller = live.controller
     assert controller is not None and live.sharing is not None and live.sharing.controller is controller
     observe(0, 5.0, [], "alice", "etl")
     assert controller._responses == 1, "the old session's observation reached the new controller"
-    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=True))
+    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=AdaptiveConfig()))
     assert live.controller is controller  # the same tuning keeps its baselines
-    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=True, decrease_factor=0.5))
+    live.apply(CapacityConfig(produce_byte_rate=600_000.0, adaptive=AdaptiveConfig(decrease_factor=0.5)))
     assert live.controller is not controller  # new tuning, new controller
 
 
 def test_adaptive_off_puts_the_factor_back_and_none_removes_the_capacity() -> None:
     live, manager = _live()
-    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
-    manager.update_factor(0.5, 0)
+    live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))
+    assert live.controller is not None and manager.factor_state.controller is live.controller
+    live.controller.factor = 0.5
+    assert manager.update_factor(0) == 0.5
     live.apply(CapacityConfig(produce_byte_rate=500_000.0))
     assert live.controller is None and manager.factor == 1.0
     assert live.health is not None and live.health.controller is None
@@ -60,5 +63,5 @@ def test_a_proxy_whose_capacity_cannot_change_reports_no_health_without_adaptive
     live.apply(CapacityConfig(produce_byte_rate=500_000.0))
     assert live.health is None  # no observer on the hot path for nothing
     fixed, _ = _live(may_change=False)
-    fixed.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=True))
+    fixed.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))
     assert fixed.health is not None and fixed.health.controller is fixed.controller

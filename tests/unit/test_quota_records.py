@@ -16,7 +16,7 @@ from config.quota_records import (
     record_key,
 )
 from quotas.entity import DEFAULT, QuotaEntity
-from quotas.types import QuotaType
+from quotas.types import EntitySetting, QuotaType
 
 KEY = record_key(b"a fleet secret of 32 bytes......")
 ALICE = QuotaEntity("alice", "app")
@@ -34,7 +34,7 @@ entities = st.one_of(names.map(lambda user: QuotaEntity(user, None)),
 rates = st.dictionaries(st.sampled_from([QuotaType.PRODUCE, QuotaType.FETCH]),
                         st.integers(1, 2**40).map(float), max_size=2)
 doubles = st.dictionaries(
-    st.sampled_from([QuotaType.REQUEST, QuotaType.CONTROLLER_MUTATION, QuotaType.SHARE]),
+    st.sampled_from([QuotaType.REQUEST, QuotaType.CONTROLLER_MUTATION, EntitySetting.SHARE]),
     st.floats(1e-3, 1e9, allow_nan=False), max_size=3)
 
 
@@ -54,9 +54,10 @@ def test_ip_entities_and_share_are_records_too() -> None:
     record = quota_record(subnet, {QuotaType.CONNECTION_CREATION: 20.0}, KEY, T0)
     assert record.key == b"ips/10.1.0.0%2F16"
     assert _apply(log, 0, record) is None
-    assert _apply(log, 1, quota_record(QuotaEntity(None, "gold"), {QuotaType.SHARE: 3.0}, KEY, T0)) is None
+    gold = quota_record(QuotaEntity(None, "gold"), {EntitySetting.SHARE: 3.0}, KEY, T0)
+    assert _apply(log, 1, gold) is None
     assert log.table() == {subnet: {QuotaType.CONNECTION_CREATION: 20.0},
-                           QuotaEntity(None, "gold"): {QuotaType.SHARE: 3.0}}
+                           QuotaEntity(None, "gold"): {EntitySetting.SHARE: 3.0}}
 
 
 def test_the_value_is_kafkas_config_form() -> None:

@@ -16,7 +16,7 @@ from proxy.observability.capacity_metrics import CapacityMetrics
 from quotas.capacity import REFRESH_INTERVAL_MS, CapacityConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaEntity
-from quotas.types import QuotaType
+from quotas.types import EntitySetting, QuotaType
 from top.app import fetch
 from top.figures import (
     REQUESTS,
@@ -523,7 +523,7 @@ def test_the_proxys_own_capacity_metrics_parse() -> None:
     """The names and labels `top` reads are the ones the proxy exports (a real CapacityMetrics)."""
     engine = QuotaEngine()
     engine.capacity.configure(CapacityConfig(produce_byte_rate=10_000.0))
-    engine.set_quotas({QuotaEntity("gold", None): {QuotaType.SHARE: 3.0}})
+    engine.set_quotas({QuotaEntity("gold", None): {EntitySetting.SHARE: 3.0}})
     for now in range(0, 5_000, 50):  # 100 kB/s against 10 kB/s: the capacity binds and throttles
         if now % REFRESH_INTERVAL_MS == 0:
             engine.capacity.refresh(now)
