@@ -61,6 +61,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.fetch_stream
 	$(PY) -m bench.connections
 	$(PY) -m bench.capacity
+	$(PY) -m bench.overload
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

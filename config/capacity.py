@@ -9,7 +9,7 @@ adaptive = true                  # scale it with the brokers' health (AIMD); def
 min_fraction = 0.1               # adaptive mode never goes below this share of the capacity
 latency_tolerance = 2.0          # degraded: a broker's p99 above this x its healthy baseline
 decrease_factor = 0.7            # multiplicative decrease per degraded tick
-increase_step = 0.05             # additive increase per healthy tick
+increase_step = 0.1              # additive increase per healthy tick
 controller = "aimd"              # or "gradient" (Gradient2's rule on the factor)
 ```
 

@@ -29,7 +29,8 @@ How it judges:
 - **AIMD.** Degraded for DEGRADED_TICKS seconds in a row: the factor is multiplied by
   `decrease_factor` (0.7), at most once per DECREASE_INTERVAL_TICKS, so the previous cut shows its
   effect first (one degraded second alone holds the factor). Healthy: it grows by
-  `increase_step` (0.05) per tick back to 1. It converges like TCP's congestion control: cut fast
+  `increase_step` (0.1) per tick back to 1, so from `min_fraction` (0.1) within 9 s (the issue's
+  bound is 20 s). It converges like TCP's congestion control: cut fast
   on trouble, probe back slowly. A latency gradient (Netflix's Gradient2) was compared on the
   overload bed (docs/protecting-the-cluster.md).
 
@@ -111,7 +112,7 @@ class AdaptiveConfig:
     min_fraction: float = 0.1
     latency_tolerance: float = 2.0
     decrease_factor: float = 0.7
-    increase_step: float = 0.05
+    increase_step: float = 0.1
     #: AIMD (cut by decrease_factor on a clear signal) or GRADIENT (scale by the ratio of the
     #: latency limit to the tick's p99, every tick, as Gradient2 does; docs/protecting-the-cluster.md)
     controller: str = AIMD

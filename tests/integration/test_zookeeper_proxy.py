@@ -4,6 +4,7 @@ and a ZooKeeper restart in the middle of traffic that loses no quota."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import time
@@ -96,9 +97,12 @@ def test_quota_set_through_one_proxy_throttles_a_producer_on_another(
 def test_kafka_layout_written_into_zookeeper_is_live_within_a_second(
     zk_proxies: tuple[QuotaProxy, QuotaProxy], zookeeper: LocalZooKeeper, chroot: str
 ) -> None:
+    """Timed by the proxies' own log lines ("quotas changed", written when the watch delivered the
+    change), not by the admin client's describes: under a loaded run a describe's own start-up
+    took over a second, which says nothing of ZooKeeper or the proxy."""
     with kazoo_client(zookeeper.connect_string) as kz:
+        written = datetime.datetime.now()
         write_entity(kz, chroot, "users/CN%3Dcarol%2CO%3Dx/clients/app%201", {"consumer_byte_rate": "4096"})
-        written = time.monotonic()
         for proxy in zk_proxies:
             wait_until(
                 lambda p=proxy: (
@@ -109,14 +113,23 @@ def test_kafka_layout_written_into_zookeeper_is_live_within_a_second(
                 "the proxy to see the change",
                 interval=0.05,
             )
-        took = time.monotonic() - written
         kz.delete(f"{chroot}/config/users/CN%3Dcarol%2CO%3Dx", recursive=True)
-    print(
-        f"\nZooKeeper write live on both proxies after {took * 1000:.0f} ms (describe round trips included)"
-    )
-    assert took < 2.0  # < 1 s from ZooKeeper to the proxy, plus the admin client's own start-up
+    took = [_applied_after(proxy.log(), written) for proxy in zk_proxies]
+    shown = ", ".join(f"{t * 1000:.0f}" for t in took)
+    print(f"\nZooKeeper write applied by the two proxies after {shown} ms")
+    assert max(took) < 1.0
     for proxy in zk_proxies:
         wait_until(lambda p=proxy: describe(p.bootstrap, user="CN=carol,O=x") == [], 10, "the deletion")
+
+
+def _applied_after(log: str, written: datetime.datetime) -> float:
+    """Seconds from `written` to the first "quotas changed" line logged at or after it."""
+    for line in log.splitlines():
+        if ": quotas changed: " in line:
+            at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            if at >= written - datetime.timedelta(milliseconds=1):
+                return (at - written).total_seconds()
+    raise AssertionError(f"no \"quotas changed\" line after {written}:\n{log[-2000:]}")
 
 
 def test_zookeeper_restart_in_the_middle_of_traffic_loses_no_quota(

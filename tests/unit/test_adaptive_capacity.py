@@ -63,7 +63,7 @@ def test_latency_cuts_multiplicatively_then_healthy_ticks_add_back() -> None:
     assert controller.factor == pytest.approx(0.2)  # never below min_fraction
     feed(controller, 10.0)
     change = controller.tick(light=False)
-    assert change is not None and change.reason == HEALTHY and change.new == pytest.approx(0.25)
+    assert change is not None and change.reason == HEALTHY and change.new == pytest.approx(0.3)
     for _ in range(30):
         controller.tick(light=False)
     assert controller.factor == 1.0

@@ -1,0 +1,94 @@
+"""`make bench`: the overload bed (issue 27), every path side by side in one run.
+
+The bed (tests/integration/overload_bed.py) is one broker held to half a core by a cgroup CPU
+quota and compressing every byte it appends, so that the broker is what overloads. Gold (share
+10, 200 acks=all records of 1 KB a second) runs alone, then beside three flat-out producers, on
+each path:
+
+    direct              the broker itself
+    proxy               kthrottle without a [capacity]: forwarding only (the bare-relay figure;
+                        a byte relay cannot front a broker whose metadata names its own address)
+    proxy static        kthrottle with a static capacity of 0.85 x what the bed took direct: the
+                        best a rate limit can do when it knows the capacity (the floor)
+    proxy aimd          adaptive, AIMD, capacity 2 x the bed's
+    proxy gradient      adaptive, Gradient2's rule, capacity 2 x the bed's
+
+For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its own quiet p99, goodput
+(the flat-out producers' acknowledged bytes/s) as a share of direct's, and for the adaptive paths
+the factor's lowest and how long it took to get back to 1.0 once the overload stopped. The issue's
+targets: p99 at most 2 x quiet + 5 ms and goodput at least 0.85 x direct, at once.
+
+Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 6 minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from tests.integration.overload_bed import (
+    SHARES,
+    Phase,
+    capacity_table,
+    overload_bed,
+    overloaded,
+    quiet,
+    settle,
+)
+from tests.integration.proxies import QuotaProxy
+
+
+def _factor_after(proxy: QuotaProxy, timeout: float = 40.0) -> float:
+    """Seconds until the factor in force is back at 1.0 (inf: not within `timeout`)."""
+    start = time.monotonic()
+    while proxy.metric("kthrottle_capacity_factor") < 1.0:
+        if time.monotonic() - start > timeout:
+            return float("inf")
+        time.sleep(0.25)
+    return time.monotonic() - start
+
+
+def _lowest_factor(log: str) -> float:
+    factors = [float(m) for m in re.findall(r"capacity factor [\d.]+ -> ([\d.]+)", log)]
+    return min(factors, default=1.0)
+
+
+def _line(path: str, alone: Phase, loaded: Phase, direct: float, extra: str = "") -> str:
+    return (f"{path:<16} {alone.p50:6.1f} / {alone.p99:6.1f}   {loaded.p50:8.1f} / {loaded.p99:8.1f}   "
+            f"{loaded.p99 / alone.p99:7.1f}x   {loaded.goodput / 1e6:6.2f} MB/s "
+            f"{loaded.goodput / direct:5.2f}x"
+            f"   target p99 <= {2 * alone.p99 + 5:5.1f} ms {extra}")
+
+
+def main() -> None:
+    with overload_bed() as bed:
+        bootstrap, topic = bed.kafka.bootstrap, bed.topic
+        loaded = overloaded(bootstrap, topic)  # first: the broker's first seconds under its quota are slow
+        direct = loaded.goodput
+        settle(bootstrap, topic)
+        alone = quiet(bootstrap, topic)
+        print("path             gold alone p50/p99 ms   overloaded p50/p99 ms   p99/quiet   "
+              "goodput (x direct)")
+        print(_line("direct", alone, loaded, direct), flush=True)
+        settle(bed.kafka.bootstrap, bed.topic)
+        paths = [("proxy", ""), ("proxy static", capacity_table(0.85 * direct, adaptive=False)),
+                 ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
+                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient"))]
+        for name, table in paths:
+            with tempfile.TemporaryDirectory() as work, QuotaProxy(bootstrap, Path(work), table) as proxy:
+                proxy.set_quotas(SHARES)
+                alone = quiet(proxy.bootstrap, topic)
+                loaded = overloaded(proxy.bootstrap, topic)
+                extra = ""
+                if "adaptive = true" in table:
+                    back = _factor_after(proxy)
+                    extra = f"factor lowest {_lowest_factor(proxy.log()):.2f}, back at 1.0 {back:.1f} s after"
+                print(_line(name, alone, loaded, direct, extra), flush=True)
+            settle(bed.kafka.bootstrap, bed.topic)
+        print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
