@@ -30,10 +30,10 @@ from tests.integration.bed_clients import start_flat, start_gold
 from tests.integration.test_quotas import _topic
 
 BROKER_CORES = 0.5
-PHASE_S = 24
-SKIP_S = 6
-GOODPUT_S = 15
-QUIET_S = 5
+PHASE_S = 18
+SKIP_S = 4
+GOODPUT_S = 12
+QUIET_S = 4
 QUIET_RUNS = 3
 #: after a phase, the broker drains what was queued before the next one starts (`settle`)
 SETTLE_S = 30

@@ -31,9 +31,6 @@ from tests.integration.quota_runs import produce_for, report
 from tests.integration.test_capacity_adaptive import SHARES, Gold, _capacity
 from tests.integration.test_quotas import _topic
 
-#: The factor follows broker latency, which neighbours move.
-pytestmark = pytest.mark.quiet
-
 NOT_LEADER_OR_FOLLOWER = 6
 MISROUTED_PER_S = 50
 MISROUTED_S = 15
@@ -71,6 +68,7 @@ def _misroute(bootstrap: str, topic: str, stop: threading.Event, errors: Counter
                     errors[partition.error_code] += 1
 
 
+@pytest.mark.quiet  # the factor follows broker latency, which neighbours move: a false cut would fail it
 def test_misrouted_produce_requests_leave_the_factor_alone(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     topic = _topic(kafka_cluster.bootstrap, "misrouted")
     with QuotaProxy(kafka_cluster.bootstrap, tmp_path, _capacity(True)) as proxy:
@@ -109,7 +107,7 @@ def restarted_cluster() -> Iterator[LocalKafka]:
         yield kafka
 
 
-@pytest.mark.alone  # a broker's restart under load: latencies, and a cluster of its own
+@pytest.mark.cpu_sensitive  # needs a cut, which a neighbour can only add to; a cluster of its own
 def test_a_broker_restarted_under_load_cuts_the_factor(restarted_cluster: LocalKafka, tmp_path: Path) -> None:
     kafka = restarted_cluster
     topic = topic_name("restarted")
