@@ -59,6 +59,11 @@ STRAIN_ERRORS: dict[int, str] = {
     NOT_ENOUGH_REPLICAS_AFTER_APPEND: "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
 }
 
+#: Failed connections to one broker in a tick that make it degraded. One is enough: clients back
+#: off their reconnects (librdkafka up to 10 s), so a broker that is away yields few attempts, and
+#: DEGRADED_TICKS still asks for two such seconds in a row before a cut.
+MIN_UNREACHABLE = 1
+
 #: A signal moves the factor only when this many tenants saw it in the tick (one tenant's own
 #: slowness, or its own errors, must not cut everyone's capacity).
 MIN_STRAINED_TENANTS = 2
@@ -264,7 +269,7 @@ class AdaptiveCapacity:
                             f"(most: {STRAIN_ERRORS[code]} from broker {broker})")
         if not error_detail and self._unreachable:
             broker = max(self._unreachable, key=lambda b: self._unreachable[b])
-            if self._unreachable[broker] >= MIN_ERRORS:
+            if self._unreachable[broker] >= MIN_UNREACHABLE:
                 error_detail = f"broker {broker} unreachable ({self._unreachable[broker]} connections failed)"
         self._ticks = {}
         self._errors = {}
@@ -287,7 +292,7 @@ class AdaptiveCapacity:
             self._since_decrease = 0
         else:
             self._degraded_ticks = 0
-            new = min(1.0, old + config.increase_step)
+            new = min(1.0, round(old + config.increase_step, 9))  # 0.7 + 3 x 0.1 is 0.999...
             if new == old or hold:
                 return None
             reason, detail = HEALTHY, "no broker above its baseline, no strain errors"
@@ -309,7 +314,7 @@ class AdaptiveCapacity:
             if new == old:
                 return None
             return self._change(old, new, reason, f"{detail} (gradient {gradient:.2f})")
-        new = min(1.0, old + config.increase_step)
+        new = min(1.0, round(old + config.increase_step, 9))  # 0.7 + 3 x 0.1 is 0.999...
         if new == old or hold:
             return None
         return self._change(old, new, HEALTHY, "no broker above its baseline, no strain errors")

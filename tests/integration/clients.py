@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 PARTITIONS = 6
 
@@ -226,13 +226,26 @@ def acks0_produce_body(topic: str, value: bytes) -> bytes:
     return bytes(request.encode())
 
 
+#: what a broker answers about a partition it does not lead yet (a topic made a moment ago)
+_NOT_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
 def landed_on_partition_0(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Partition 0's end offset once it reaches `count`, or what it is when `timeout` runs out."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic})
     try:
         deadline = time.monotonic() + timeout
+        landed = -1
         while True:
-            landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            try:
+                landed = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            except KafkaException as exc:
+                # a topic made a moment ago: the consumer's first metadata can name a broker that
+                # does not lead it yet (NOT_LEADER_FOR_PARTITION, seen in a loaded run); retriable
+                error = exc.args[0]
+                if (error.code() not in _NOT_YET and not error.retriable()) or time.monotonic() > deadline:
+                    raise
             if landed >= count or time.monotonic() > deadline:
                 return int(landed)
             time.sleep(0.2)

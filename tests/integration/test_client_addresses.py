@@ -392,9 +392,9 @@ def test_listener_rate_delays_accepts_and_serves_every_connection(kafka_cluster:
 # -- 4. side by side with a broker: how long a throttled connection is held (issue 27) -------------------
 
 #: Each storm of the side-by-side test: as the issue's (32 workers, one address, 20/s), against a broker
-#: and then the proxy, this long each: three periods of the sawtooth (the issue's runs were 60 s; 36 s
-#: keeps the suite's time, and each side still closes about 1,500 throttled connections).
-SIDE_BY_SIDE_S = 36.0
+#: and then the proxy, this long each: five periods of the sawtooth. (36 s, three periods, read 0.85x
+#: the broker's served count in a loaded run, outside the 15 %.)
+SIDE_BY_SIDE_S = 60.0
 BROKER_STORM_IP, PROXY_STORM_IP = "127.0.0.21", "127.0.0.22"
 #: How close the proxy's figures must be to the broker's, measured in the same run (kthrottle / broker).
 #: A throttled connection is held one select timeout (~500 ms) or two (~1000 ms), about half each (its

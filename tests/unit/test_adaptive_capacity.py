@@ -199,9 +199,11 @@ def test_a_broker_the_proxy_cannot_reach_cuts_the_factor() -> None:
         change = controller.tick(light=False)
     assert change is not None and change.reason == ERRORS
     assert "broker 2 unreachable (3 connections failed)" in change.detail
-    controller.observe_unreachable(2)  # fewer than MIN_ERRORS in a tick: a blip, not a cut
-    feed(controller, 10.0)
+    feed(controller, 10.0)  # a tick without failures: healthy again
     assert controller.tick(light=False) is not None and controller.factor > change.new
+    controller.observe_unreachable(2)  # one failed second alone holds the factor: no cut
+    feed(controller, 10.0)
+    assert controller.tick(light=False) is None
 
 
 def test_the_gradient_controller_scales_by_the_latency_ratio_every_tick() -> None:
