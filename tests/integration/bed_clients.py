@@ -24,6 +24,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from tests.integration.quota_runs import RunResult, produce_for
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: gold: acks=all 1 KB records at this many per second (the issue's protected tenant)
@@ -62,40 +64,24 @@ def gold(bootstrap: str, topic: str, seconds: float, client_id: str) -> dict[str
 
 def flat(bootstrap: str, topic: str, seconds: float, producers: int, value_bytes: int,
          batch_bytes: int) -> dict[str, Any]:
-    """`producers` librdkafka producers flat out (acks=all), each its own client id
-    `best-effort-<n>`; every acknowledged record's time, per producer."""
+    """`producers` librdkafka producers flat out (acks=all, quota_runs.produce_for), each its own
+    client id `best-effort-<n>`; every acknowledged record's time, per producer."""
     value = os.urandom(value_bytes)  # incompressible: the broker's gzip works for every byte
-    acked: list[list[float]] = [[] for _ in range(producers)]
-    errors: list[str] = []
     start = time.monotonic()
+    results: list[RunResult | None] = [None] * producers
 
     def run(n: int) -> None:
-        producer = Producer({"bootstrap.servers": bootstrap, "client.id": f"best-effort-{n}", "acks": "all",
-                             "linger.ms": 5, "batch.size": batch_bytes, "queue.buffering.max.kbytes": 4096})
-
-        def done(err: KafkaError | None, _msg: object) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                acked[n].append(time.monotonic() - start)
-
-        sent = 0
-        while time.monotonic() - start < seconds:
-            try:
-                producer.produce(topic, value, str(sent % 97).encode(), on_delivery=done)
-                sent += 1
-            except BufferError:
-                producer.poll(0.05)
-                continue
-            producer.poll(0)
-        producer.flush(120)
+        results[n] = produce_for(bootstrap, topic, seconds, value=value, **{
+            "client.id": f"best-effort-{n}", "acks": "all", "batch.size": batch_bytes})
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(producers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return {"acked": acked, "value_bytes": value_bytes, "errors": errors[:5]}
+    acked = [[at - start for at, _size in result.events] for result in results if result is not None]
+    assert len(acked) == producers, "a producer thread failed (its error is above)"
+    return {"acked": acked, "value_bytes": value_bytes, "errors": []}
 
 
 @dataclass

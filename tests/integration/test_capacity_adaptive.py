@@ -103,6 +103,14 @@ def _steady(bootstrap: str, topic: str, seconds: float) -> threading.Thread:
     return thread
 
 
+def wait_for_baselines(metric: Callable[..., float], brokers: tuple[int, ...] = (1, 2, 3)) -> None:
+    """Until the proxy has learned a Produce latency baseline for every one of `brokers` (light
+    traffic from two tenants teaches it; a cut before then has nothing to judge against)."""
+    name = "kthrottle_capacity_latency_baseline_seconds"
+    wait_until(lambda: all(metric(name, broker=str(b), api="Produce") > 0 for b in brokers), 30,
+               f"Produce latency baselines for brokers {brokers}")
+
+
 def _stop_and_go(kafka: LocalKafka, node_id: int, seconds: int, probe: Callable[[], float]) -> float:
     """SIGSTOP the broker 0.6 s of every second for `seconds`; the lowest `probe()` seen."""
     pid = kafka.pid(node_id)
@@ -138,7 +146,7 @@ def test_a_broker_slowed_by_sigstop_lowers_the_factor_and_it_recovers(
         proxy.set_quotas(SHARES)
         gold = Gold(proxy.bootstrap, topic, 40)
         steady = _steady(proxy.bootstrap, topic, 40)
-        time.sleep(8)  # light traffic: baselines learned
+        wait_for_baselines(proxy.metric)
         # healthy before the bursts (a stray cut from the machine's own noise has recovered)
         wait_until(lambda: proxy.metric("kthrottle_capacity_factor") == 1.0, 10,
                    "factor at 1.0 before the bursts")
@@ -164,9 +172,9 @@ def test_a_factor_cut_on_one_member_holds_the_other_and_both_recover(
         (a, b), _ports, _relay = static_fleet(stack, kafka_cluster, tmp_path, config, count=2)
         gold = Gold(a.bootstrap, topic, 40)
         steady = _steady(a.bootstrap, topic, 40)
-        time.sleep(8)
-        factors = ("kthrottle_capacity_factor", "kthrottle_capacity_factor")
-        wait_until(lambda: a.metric(factors[0]) == 1.0 == b.metric(factors[1]), 10,
+        wait_for_baselines(a.metric)
+        factor = "kthrottle_capacity_factor"
+        wait_until(lambda: a.metric(factor) == 1.0 == b.metric(factor), 10,
                    "both factors at 1.0 before the bursts")
         seen: list[tuple[float, float, float]] = []  # (A's own, B's own, B's in force)
 

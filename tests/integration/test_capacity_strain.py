@@ -28,7 +28,7 @@ from tests.integration.clients import topic_name, wait_until
 from tests.integration.fuzz import _read_frame
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import produce_for, report
-from tests.integration.test_capacity_adaptive import SHARES, Gold, _capacity
+from tests.integration.test_capacity_adaptive import SHARES, Gold, _capacity, wait_for_baselines
 from tests.integration.test_quotas import _topic
 
 NOT_LEADER_OR_FOLLOWER = 6
@@ -77,7 +77,7 @@ def test_misrouted_produce_requests_leave_the_factor_alone(kafka_cluster: LocalK
         steady = threading.Thread(target=produce_for, args=(proxy.bootstrap, topic, 32), kwargs={
             "offered_rate": 200_000, "client.id": "steady", "acks": "all"})
         steady.start()
-        time.sleep(8)  # light traffic from two tenants: baselines learned
+        wait_for_baselines(proxy.metric)
         wait_until(lambda: proxy.metric("kthrottle_capacity_factor") == 1.0, 10, "factor at 1.0 first")
         stop, errors = threading.Event(), Counter[int]()
         misrouter = threading.Thread(target=_misroute, args=(proxy.bootstrap, topic, stop, errors))
@@ -122,7 +122,7 @@ def test_a_broker_restarted_under_load_cuts_the_factor(restarted_cluster: LocalK
             proxy.bootstrap, topic, 45, offered_rate=500_000, **{"client.id": "steady", "acks": "all",
                                                                   "message.timeout.ms": 60_000}))
         steady.start()
-        time.sleep(8)
+        wait_for_baselines(proxy.metric)
         wait_until(lambda: proxy.metric("kthrottle_capacity_factor") == 1.0, 10, "factor at 1.0 first")
         kafka.restart(2)
         restarted = time.monotonic()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from harness.cpu_limit import cpu_cgroup
 from tests.quiet.need import Need
 
 
@@ -43,30 +44,11 @@ _RUN_PREFIX = "kthrottle-tests-"
 
 def _cpu_cgroup() -> tuple[Path, _Knob] | None:
     """This process's cgroup directory under the cpu controller, and its weight knob, if any."""
-    try:
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        memberships = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
+    found = cpu_cgroup()
+    if found is None:
         return None
-    for line in mounts:
-        fields = line.split()
-        if " - " not in line:
-            continue
-        mount_point = fields[4]
-        fstype, _source, options = line.split(" - ", 1)[1].split()[:3]
-        if fstype == "cgroup" and "cpu" in options.split(","):
-            for member in memberships:
-                _id, controllers, path = member.split(":", 2)
-                if "cpu" in controllers.split(","):
-                    return Path(mount_point + path), _V1
-        if fstype == "cgroup2":
-            for member in memberships:
-                if member.startswith("0::"):
-                    here = Path(mount_point + member[3:])
-                    controllers = (here / "cgroup.controllers")
-                    if controllers.is_file() and "cpu" in controllers.read_text().split():
-                        return here, _V2
-    return None
+    here, version = found
+    return here, _V1 if version == 1 else _V2
 
 
 class CpuPriority:
