@@ -102,7 +102,14 @@ def test_haproxy_sends_the_real_client_address(kafka_cluster: LocalKafka, tmp_pa
         # Kafka's window lets a fresh address open ~10 s worth at once: at most (10 + seconds) x rate
         assert 0 < throttled.served <= 1.1 * RATE * (10 + seconds), throttled.summary()
         assert free.served == free.total > 0, free.details().most_common(3)
-        assert throttled.served < 0.5 * free.served, "127.0.0.2 got about as much as an unthrottled address"
+        # From 127.0.0.2's first throttle on (its window's burst spent), it gets less than half what the
+        # unthrottled address gets in the same seconds. Not over the whole storm: on a loaded machine
+        # (CI's, 378 connections for 127.0.0.3 in 10 s) the burst alone is half the free address's count.
+        first_throttle = min(a.finished for a in throttled.attempts if a.outcome is Outcome.CLOSED)
+        after = {name: sum(1 for t in result.served_times() if first_throttle < t <= seconds)
+                 for name, result in (("127.0.0.2", throttled), ("127.0.0.3", free))}
+        assert after["127.0.0.2"] < 0.5 * after["127.0.0.3"], \
+            f"127.0.0.2 got about as much as an unthrottled address after {first_throttle:.1f} s: {after}"
         assert_exact(got, records)
         assert {(str(b.host), b.port) for b in brokers.values()} == {
             (PROXY_HOST, proxy.node_port(node)) for node in kafka_cluster.node_ids}
