@@ -233,6 +233,17 @@ def combined(started: float, producers: list[GreedyProducer]) -> RunResult:
     return together
 
 
+def acked_timeline(started: float, producers: list[GreedyProducer], start_s: float, end_s: float) -> str:
+    """Each producer's acknowledged kB per second from `start_s` to `end_s`: a failure's shape (which
+    member let the bytes through, and whether in a few bursts or throughout)."""
+    rows = []
+    for second in range(int(start_s), int(end_s) + 1):
+        lo, hi = started + second, started + second + 1
+        kbs = [sum(size for at, size in p.result.events if lo <= at < hi) // 1000 for p in producers]
+        rows.append(f"{second}s:" + "/".join(str(kb) for kb in kbs))
+    return " ".join(rows)
+
+
 class RateSampler:
     """Every second, each member's fleet rate and local rate of one entity, from its metrics."""
 
@@ -532,8 +543,9 @@ def test_a_member_killed_and_one_joining_mid_run(kafka_cluster: LocalKafka, tmp_
         report(f"kill -9 of 1 of 3 members at {killed_at:.0f} s: {after_kill / QUOTA:.3f}x over the 10 s "
                f"after one window, {held / QUOTA:.3f}x once its usage faded ({DEAD_MEMBER_FADES_S:.0f} s); "
                f"a 4th member and producer joining at {joined_at:.0f} s: {after_join / QUOTA:.3f}x over 10 s")
-        assert 0.9 * QUOTA <= held <= 1.05 * QUOTA, f"{held:,.0f} B/s held by the two left"
-        assert after_join <= 1.10 * QUOTA, f"{after_join:,.0f} B/s after the 4th joined"
+        shape = f"acked kB per producer: {acked_timeline(started, producers, killed_at - 3, joined_at + 10)}"
+        assert 0.9 * QUOTA <= held <= 1.05 * QUOTA, f"{held:,.0f} B/s held by the two left; {shape}"
+        assert after_join <= 1.10 * QUOTA, f"{after_join:,.0f} B/s after the 4th joined; {shape}"
         assert producers[3].result.records > 0, "the 4th member's producer got nothing through"
         assert fourth.metric("kthrottle_fleet_members") == 3  # itself and the two alive
         assert fourth.metric("kthrottle_throttles_total", **PRODUCE_LABELS) > 0
