@@ -12,18 +12,22 @@ each path:
                         best a rate limit can do when it knows the capacity (the floor)
     proxy aimd          adaptive, AIMD, capacity 2 x the bed's
     proxy gradient      adaptive, Gradient2's rule, capacity 2 x the bed's
+    proxy concurrency   adaptive, each broker's Produce requests in flight limited by latency
+                        (quotas/broker_concurrency.py), capacity 2 x the bed's
 
 For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its own quiet p99, goodput
 (the flat-out producers' acknowledged bytes/s) as a share of direct's, and for the adaptive paths
 the factor's lowest and how long it took to get back to 1.0 once the overload stopped. The issue's
 targets: p99 at most 2 x quiet + 5 ms and goodput at least 0.85 x direct, at once.
 
-Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 6 minutes.
+Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 7 minutes. Name paths
+to run only those after direct: `python -m bench.overload "proxy concurrency"`.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +59,10 @@ def _lowest_factor(log: str) -> float:
     return min(factors, default=1.0)
 
 
+def _broker_limits(log: str) -> list[float]:
+    return [float(m) for m in re.findall(r"Produce limit [\d.]+ -> ([\d.]+)", log)]
+
+
 def _line(path: str, alone: Phase, loaded: Phase, direct: float, extra: str = "") -> str:
     return (f"{path:<16} {alone.p50:6.1f} / {alone.p99:6.1f}   {loaded.p50:8.1f} / {loaded.p99:8.1f}   "
             f"{loaded.p99 / alone.p99:7.1f}x   {loaded.goodput / 1e6:6.2f} MB/s "
@@ -62,7 +70,7 @@ def _line(path: str, alone: Phase, loaded: Phase, direct: float, extra: str = ""
             f"   target p99 <= {2 * alone.p99 + 5:5.1f} ms {extra}")
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
     with overload_bed() as bed:
         bootstrap, topic = bed.kafka.bootstrap, bed.topic
         loaded = overloaded(bootstrap, topic)  # first: the broker's first seconds under its quota are slow
@@ -75,8 +83,14 @@ def main() -> None:
         settle(bed.kafka.bootstrap, bed.topic)
         paths = [("proxy", ""), ("proxy static", capacity_table(0.85 * direct, adaptive=False)),
                  ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
-                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient"))]
+                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient")),
+                 ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"))]
+        unknown = set(only) - {name for name, _ in paths}
+        if unknown:
+            raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {[name for name, _ in paths]}")
         for name, table in paths:
+            if only and name not in only:
+                continue
             with tempfile.TemporaryDirectory() as work, QuotaProxy(bootstrap, Path(work), table) as proxy:
                 proxy.set_quotas(SHARES)
                 alone = quiet(proxy.bootstrap, topic)
@@ -85,10 +99,13 @@ def main() -> None:
                 if "adaptive = true" in table:
                     back = _factor_after(proxy)
                     extra = f"factor lowest {_lowest_factor(proxy.log()):.2f}, back at 1.0 {back:.1f} s after"
+                    limits = _broker_limits(proxy.log())
+                    if limits:
+                        extra += f"; broker limit lowest {min(limits):.1f}"
                 print(_line(name, alone, loaded, direct, extra), flush=True)
             settle(bed.kafka.bootstrap, bed.topic)
         print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

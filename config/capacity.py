@@ -10,7 +10,8 @@ min_fraction = 0.1               # adaptive mode never goes below this share of 
 latency_tolerance = 2.0          # degraded: a broker's p99 above this x its healthy baseline
 decrease_factor = 0.7            # multiplicative decrease per degraded tick
 increase_step = 0.1              # additive increase per healthy tick
-controller = "aimd"              # or "gradient" (Gradient2's rule on the factor)
+controller = "aimd"              # or "gradient" (Gradient2's rule on the factor), or "concurrency"
+                                 # (latency limits each broker's Produce requests in flight instead)
 ```
 
 Each direction is optional; with `adaptive = true` and none given, the capacity is learned from the
@@ -55,7 +56,8 @@ def parse_capacity_table(table: object) -> CapacityConfig:
             adaptive = value
         elif key == "controller":
             if not isinstance(value, str):
-                raise SettingsError(f"capacity.controller = {value!r} must be \"aimd\" or \"gradient\"")
+                raise SettingsError(f"capacity.controller = {value!r} must be \"aimd\", \"gradient\" "
+                                    f"or \"concurrency\"")
             tuning[key] = value  # the choice is checked with the rest of the tuning
         else:
             raise SettingsError(f"unknown setting capacity.{key} (known: adaptive, controller, "

@@ -42,6 +42,12 @@ class Mute:
 
 
 @dataclass(slots=True)
+class AwaitSlot:
+    """A Produce waits for a slot at its broker (quotas/broker_concurrency.py): stop reading the
+    client until `ProxyConnection.slot_granted`, as a broker reads nothing from a muted socket."""
+
+
+@dataclass(slots=True)
 class Close:
     """Close both sides; `reason` names what was wrong, for the log."""
 
@@ -87,9 +93,11 @@ class QuotaAdmin:
     principal: str
 
 
-Action = ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled | QuotaAdmin
+Action = (ToBroker | ToClient | Close | BrokersSeen | Authenticated | Mute | Throttled | QuotaAdmin
+          | AwaitSlot)
 
 __all__ = [
-    "Action", "Authenticated", "BrokersSeen", "Close", "Mute", "QuotaAdmin", "Throttled", "ToBroker",
+    "Action", "Authenticated", "AwaitSlot", "BrokersSeen", "Close", "Mute", "QuotaAdmin", "Throttled",
+    "ToBroker",
     "ToClient",
 ]

@@ -14,13 +14,14 @@ Kroxylicious' one filter per concern: `actions` (what it asks of the I/O layer),
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Literal
+from collections.abc import Callable, Hashable, Mapping
+from typing import Literal, Protocol
 
 from . import controller_mutations as mutations
 from .actions import (
     Action,
     Authenticated,
+    AwaitSlot,
     BrokersSeen,
     Close,
     Mute,
@@ -91,6 +92,19 @@ ExchangeObserver = Callable[[int, int, int, float], None]
 #: saw it matters, since one tenant alone may not move the shared capacity. Adaptive capacity only.
 HealthObserver = Callable[[int, float, list[int], str, str], None]
 
+
+class ProduceAdmission(Protocol):
+    """Whether a Produce (acks 1 or all) may go to the broker now: the per-broker concurrency limit
+    (quotas/broker_concurrency.py), which the I/O layer keeps."""
+
+    def admit(self, principal: str, client_id: str) -> Hashable | None:
+        """A ticket: the request holds a slot (given back with `done`); None: it waits, and the
+        I/O layer calls `slot_granted` with its ticket when its turn comes."""
+
+    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
+        """The request holding `ticket` was answered after `latency_ms` (None: never answered)."""
+
+
 #: A Fetch response shorter than this carried no records: it waited out its max_wait_ms, which
 #: says nothing about the broker's health.
 HEALTH_FETCH_MIN_BYTES = 1024
@@ -104,9 +118,15 @@ class ProxyConnection:
                  throttle_mode: ThrottleMode = "mute", observer: ExchangeObserver | None = None,
                  known_brokers: Callable[[], Mapping[int, Address]] | None = None,
                  partition_throttles: PartitionThrottlePolicy | None = None,
-                 topic_names: TopicNames | None = None, health: HealthObserver | None = None) -> None:
+                 topic_names: TopicNames | None = None, health: HealthObserver | None = None,
+                 admission: ProduceAdmission | None = None) -> None:
         self.name = name
         self.health = health
+        self.admission = admission
+        #: a Produce waits at the head of `_deferred` for its broker's slot
+        self._awaiting_slot = False
+        #: the slot granted to it, which it takes when it goes on
+        self._granted: Hashable | None = None
         #: KIP-73 partition throttles (fetch_partitions.py) and the topic names they are
         #: configured by, learned from Metadata responses (Fetch v13+ names topics by id)
         self._partition_throttles = partition_throttles if topic_names is not None else None
@@ -206,7 +226,7 @@ class ProxyConnection:
                 self._check_head_request()
             if self._deferred:
                 frames, self._deferred = self._deferred + frames, []
-            if self._admin_pending is not None:
+            if self._admin_pending is not None or self._awaiting_slot:
                 self._deferred = frames
                 return []
             if self._now_ms < self._muted_until:
@@ -241,7 +261,7 @@ class ProxyConnection:
         if self._closed is not None:
             return []
         self._now_ms = max(now_ms, self._now_ms)
-        if self._admin_pending is not None or not self._deferred:
+        if self._admin_pending is not None or self._awaiting_slot or not self._deferred:
             return []
         if self._now_ms < self._muted_until:
             # A timer that fired a little early: wait out the rest.
@@ -251,6 +271,34 @@ class ProxyConnection:
             return self._client_frames(frames)
         except ProtocolError as exc:
             return self._close(f"client sent bad data: {exc}")
+
+    def slot_granted(self, ticket: Hashable, now_ms: float) -> list[Action]:
+        """The Produce that waited (AwaitSlot) has its slot: it and the requests after it go on."""
+        if self._closed is not None or not self._awaiting_slot:
+            if self.admission is not None:
+                self.admission.done(ticket, None)  # nobody to use it: give it back
+            return []
+        self._awaiting_slot = False
+        self._granted = ticket
+        return self.resume(now_ms)
+
+    def release_slots(self) -> list[Hashable]:
+        """The client left: the slots its requests hold, for the I/O layer to give back. Admission
+        ends for this connection, so what it sent before leaving goes on without waiting (as a
+        broker reads what a closed connection sent), rather than wait for a slot nobody tracks."""
+        held = [entry.slot for entry in self._in_flight if entry.slot is not None]
+        if self._granted is not None:
+            held.append(self._granted)
+        self._granted = None
+        for entry in self._in_flight:
+            entry.slot = None
+        self.admission = None
+        self._awaiting_slot = False
+        return held
+
+    @property
+    def awaiting_slot(self) -> bool:
+        return self._awaiting_slot
 
     def _mute(self, ms: int, actions: list[Action]) -> None:
         """Stop reading for `ms`; requests already read wait too, as in a muted broker socket."""
@@ -447,6 +495,16 @@ class ProxyConnection:
                 entry.mutation = charge
             elif header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
+                if expects_response and self.admission is not None:
+                    ticket, self._granted = self._granted, None
+                    if ticket is None:
+                        ticket = self.admission.admit(self.principal, header.client_id or "")
+                    if ticket is None:  # its broker has its limit in flight: this and the rest wait
+                        self._awaiting_slot = True
+                        self._deferred = frames[index:]
+                        actions.append(AwaitSlot())
+                        break
+                    entry.slot = ticket
                 if self.policy is not None:
                     throttle = charge_produce(self.policy, self.principal, frame, header, self._now_ms)
                     if throttle > 0:
@@ -517,6 +575,9 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self._note_health(entry, frame)
+            if entry.slot is not None and self.admission is not None:
+                slot, entry.slot = entry.slot, None
+                self.admission.done(slot, self._now_ms - entry.sent_ms)
             hold_ms = 0
             if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
                 frame, hold_ms = self._throttle_partitions(entry, frame)
@@ -582,6 +643,6 @@ class ProxyConnection:
 
 
 __all__ = [
-    "Action", "Authenticated", "BrokersSeen", "Close", "InFlight", "Mute",
-    "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient",
+    "Action", "Authenticated", "AwaitSlot", "BrokersSeen", "Close", "InFlight", "Mute",
+    "ProduceAdmission", "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient",
 ]

@@ -8,6 +8,7 @@ client in their turn; Produce with acks=0 gets no response and takes no place in
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,8 @@ class InFlight:
     #: the proxy's own Metadata request for the partition counts of the mutation request with this
     #: correlation id: its answer is not the client's
     lookup_for: int | None = None
+    #: the Produce holds a slot at its broker (ProduceAdmission's ticket), given back on its answer
+    slot: Hashable | None = None
 
 
 def size_prefix(n: int) -> bytes:

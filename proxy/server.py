@@ -25,6 +25,7 @@ from .acceptor import Acceptor, DelayedClose, listener_name
 from .admin.quota_admin import QuotaAdminService
 from .capacity.broker_health import BrokerHealth
 from .capacity.live import LiveCapacity
+from .capacity.produce_slots import ProduceSlots
 from .limits.admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .limits.memory_pool import RequestMemoryPool
 from .observability.capacity_metrics import CapacityMetrics
@@ -122,6 +123,10 @@ class ProxyServer:
     @property
     def broker_health(self) -> BrokerHealth | None:
         return self.capacity.health
+
+    @property
+    def produce_slots(self) -> ProduceSlots:
+        return self.capacity.produce_slots
 
     def upstream_tls_context(self) -> ssl.SSLContext | None:
         """The TLS context for the proxy's own connections to brokers (None: plaintext)."""

@@ -12,12 +12,13 @@ import asyncio
 import itertools
 import logging
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from protocol.apis import api_name
 from protocol.connection import (
     Action,
     Authenticated,
+    AwaitSlot,
     BrokersSeen,
     Close,
     Mute,
@@ -85,6 +86,10 @@ class ClientSession(asyncio.Protocol):
         self.id = next(self._ids)
         self.transport: asyncio.Transport | None = None
         self.upstream: _Upstream | None = None
+        #: this session's side of its broker's Produce concurrency limit (bootstrap connections,
+        #: bound to no one broker, have none)
+        self._slots = (server.produce_slots.for_session(node_id, self._slot_granted)
+                       if node_id is not None else None)
         self.conn = ProxyConnection(server.advertise, max_request_bytes=server.settings.max_request_bytes,
                                     name=f"conn-{self.id}", policy=server.engine,
                                     throttle_mode=server.settings.throttle_mode,  # type: ignore[arg-type]
@@ -93,7 +98,8 @@ class ClientSession(asyncio.Protocol):
                                     partition_throttles=server.partition_throttles,
                                     topic_names=server.topic_names,
                                     health=(server.broker_health.observer(node_id)
-                                            if server.broker_health is not None else None))
+                                            if server.broker_health is not None else None),
+                                    admission=self._slots)
         self._pending: list[bytes] = []  # client bytes that arrived before the upstream was ready
         self._connecting: asyncio.Task[None] | None = None
         self._closing = False
@@ -332,6 +338,7 @@ class ClientSession(asyncio.Protocol):
         self._to_client.close()
         self._closing = True
         self._client_gone = True
+        self._give_back_slots()
         if self.conn.waiting_requests and self.upstream is not None:
             # Requests read while muted still go on once the mute has passed, as a broker reads
             # what a closed connection sent before it: an acks=0 Produce has no other chance.
@@ -402,6 +409,27 @@ class ClientSession(asyncio.Protocol):
 
     # -- throttling ----------------------------------------------------------------------------
 
+    # -- the broker's Produce concurrency limit -------------------------------------------------
+
+    def _slot_granted(self, ticket: Hashable) -> None:
+        """A Produce that waited for its broker's slot has it (a later loop turn than the grant)."""
+        if self._slots is None:
+            return
+        if self._closing or not self.conn.awaiting_slot:
+            self._slots.done(ticket, None)  # nobody to use it
+            return
+        self._unblock("slot")
+        self._feed(lambda _data, now: self.conn.slot_granted(ticket, now), b"", "client")
+        self._account()
+
+    def _give_back_slots(self) -> None:
+        """The client left or was closed: its slots go back, and it waits for none."""
+        if self._slots is None:
+            return
+        self._slots.close()
+        for ticket in self.conn.release_slots():
+            self._slots.done(ticket, None)
+
     def _mute(self, ms: int) -> None:
         """KIP-219: the response went out at once; now stop reading until the throttle passes."""
         if self._client_gone:
@@ -436,6 +464,8 @@ class ClientSession(asyncio.Protocol):
                 self._to_client.write(action.chunks, action.delay_ms)
             elif isinstance(action, Mute):
                 self._mute(action.ms)
+            elif isinstance(action, AwaitSlot):
+                self._block("slot")
             elif isinstance(action, Throttled):
                 self.server.metrics.throttled.labels(api_name(action.api_key)).inc()
                 log.debug("%s throttled %s for %d ms (principal %r, client id %r)", self.conn.name,
@@ -477,6 +507,7 @@ class ClientSession(asyncio.Protocol):
         log.log(level, "%s from %s closed: %s", self.conn.name, self._peer, reason)
         self.server.metrics.closed.labels(kind).inc()
         self._closing = True
+        self._give_back_slots()
         self.server.memory.release(self)
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()

@@ -19,6 +19,7 @@ from quotas.partition_throttle import PartitionThrottles
 
 from .admin.quota_admin import QuotaAdminService
 from .capacity.broker_health import BrokerHealth
+from .capacity.produce_slots import ProduceSlots
 from .limits.admission import ConnectionLimits
 from .limits.memory_pool import RequestMemoryPool
 from .observability.metrics import ProxyMetrics
@@ -43,6 +44,8 @@ class SessionContext(Protocol):
     quota_admin: QuotaAdminService
     #: adaptive capacity's broker-health signals (None: not adaptive)
     broker_health: BrokerHealth | None
+    #: the brokers' Produce concurrency limits (they hold nothing unless the controller is "concurrency")
+    produce_slots: ProduceSlots
     #: tasks a session starts that must outlive its callback (kept so they are not collected)
     background: set[asyncio.Task[None]]
     #: the live sessions (typed loosely: the session class is the one that adds itself)

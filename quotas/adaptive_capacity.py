@@ -100,10 +100,13 @@ HEALTHY = "healthy"
 REASONS = (LATENCY, ERRORS, HEALTHY)
 
 
-#: The two ways the factor follows the signals (`[capacity] controller`).
+#: The ways the capacity follows the signals (`[capacity] controller`). CONCURRENCY answers latency
+#: with a limit on each broker's Produce requests in flight (broker_concurrency.py), not with the
+#: factor: strain errors and an unreachable broker still cut the factor, as AIMD does.
 AIMD = "aimd"
 GRADIENT = "gradient"
-CONTROLLERS = (AIMD, GRADIENT)
+CONCURRENCY = "concurrency"
+CONTROLLERS = (AIMD, GRADIENT, CONCURRENCY)
 
 #: The gradient controller's floor per tick (Netflix's Gradient2 clamps its gradient to [0.5, 1]).
 MIN_GRADIENT = 0.5
@@ -279,6 +282,8 @@ class AdaptiveCapacity:
         self._since_decrease += 1
 
         old = self.factor
+        if config.controller == CONCURRENCY and worst is not None:
+            worst, hold = None, True  # the brokers' concurrency limits answer it; the factor holds
         if config.controller == GRADIENT:
             return self._gradient(old, worst, error_detail, hold)
         if worst is not None or error_detail:
@@ -326,6 +331,7 @@ class AdaptiveCapacity:
 
 
 __all__ = [
-    "AIMD", "API_NAMES", "CONTROLLERS", "ERRORS", "GRADIENT", "HEALTHY", "LATENCY", "MIN_STRAINED_TENANTS",
-    "REASONS", "STRAIN_ERRORS", "AdaptiveCapacity", "AdaptiveConfig", "FactorChange", "p99",
+    "AIMD", "API_NAMES", "CONCURRENCY", "CONTROLLERS", "ERRORS", "GRADIENT", "HEALTHY", "LATENCY",
+    "MIN_STRAINED_TENANTS", "PRODUCE", "REASONS", "STRAIN_ERRORS", "AdaptiveCapacity", "AdaptiveConfig",
+    "FactorChange", "p99",
 ]

@@ -7,6 +7,8 @@ fleet-wide) has to bring each of those along without a restart:
 - the first capacity makes the metrics and the loop, which then stay (they cost nothing idle);
 - turning adaptive on makes a controller, and changing its tuning makes a new one (its latency
   baselines start again); turning it off drops the controller and puts the factor back at 1;
+- the brokers' Produce concurrency limits (controller "concurrency") follow the controller: a new
+  one starts them again and lets every waiting request go;
 - sessions report the brokers' health to `health`, which forwards to whichever controller is
   current, so connections made before adaptive was turned on count too.
 """
@@ -23,6 +25,7 @@ from quotas.capacity import CapacityConfig, CapacityManager
 
 from ..observability.capacity_metrics import CapacityMetrics
 from .broker_health import BrokerHealth
+from .produce_slots import ProduceSlots
 from .sharing import CapacitySharing
 
 log = logging.getLogger("kthrottle.capacity")
@@ -42,6 +45,9 @@ class LiveCapacity:
         self.controller: AdaptiveCapacity | None = None
         self._tuning: AdaptiveConfig | None = None
         self.health: BrokerHealth | None = BrokerHealth(None, capacity) if may_change else None
+        #: the brokers' Produce concurrency limits (on with controller "concurrency"); every session
+        #: asks it, so a limit turned on while the proxy runs covers connections made before
+        self.produce_slots = ProduceSlots(capacity, registry)
         self.metrics: CapacityMetrics | None = None
         self.sharing: CapacitySharing | None = None
         self._running = False
@@ -63,6 +69,7 @@ class LiveCapacity:
             self.health = BrokerHealth(None, self.capacity)
         if self.health is not None:
             self.health.controller = self.controller
+        self.produce_slots.set_controller(self.controller)
         if config is not None and self.metrics is None:
             self.metrics = CapacityMetrics(self._registry, self.capacity, self.controller, self._max_entities)
             self.sharing = CapacitySharing(self.capacity, self.controller, self.metrics)

@@ -3,27 +3,34 @@
 One run, in order:
 1. direct: gold beside three flat-out producers, then alone. The bed overloads at the broker:
    gold's p99 rises at least OVERLOAD_RATIO x. The producers' goodput is what the bed takes.
-2. through a proxy with adaptive off (a static capacity of twice the bed's, which never binds):
-   gold's p99 rises at least OFF_RATIO x, so the bed shows something through the proxy too.
-3. through a proxy with adaptive on (the kept controller, KEPT): gold's median latency is at most
-   MEDIAN_RATIO of what it is with adaptive off, and once the overload stops the factor is back at 1.0
-   within RECOVERY_S.
+2. through a proxy with adaptive off (a static capacity of twice the bed's, which never binds: the
+   bare proxy): gold's p99 rises at least OFF_RATIO x, so the bed shows something through the
+   proxy too.
+3. through a proxy with adaptive on, controller "concurrency" (each broker's Produce requests in
+   flight limited by latency, quotas/broker_concurrency.py): the limit engages, gold's p99 is at
+   most P99_VS_OFF of the bare proxy's, the goodput at least GOODPUT_VS_OFF of it (holding
+   requests in the proxy costs no throughput), and once the overload stops, with gold alone, the
+   limit is gone (back at its maximum) within RECOVERY_S.
 
-Gold's p99 is reported, not asserted, and so are the issue's two targets (p99 at most 2 x quiet +
-5 ms, goodput at least 0.85 x direct): adaptive on lowered gold's p99 in some runs and not in
-others (56.7 ms against 55.1 ms off), and no rate limit met both targets on this bed, not even a
-static one set to 0.85 of the capacity measured in the same run (bench/overload.py,
-docs/protecting-the-cluster.md says why and what would).
+The issue's two targets (gold's p99 at most 2 x quiet + 5 ms, goodput at least 0.85 x direct) are
+reported, not asserted. Neither is reachable here by a proxy: the bare proxy itself takes
+0.61-0.77 x direct's goodput on this 2-core machine (its CPU is the clients' and the broker's), and
+gold's p99 cannot go below one best-effort request's time at the broker, which a proxy cannot
+split or pre-empt (with one request in flight at a time, gold's p99 was 21 ms against a target of
+11 ms). docs/protecting-the-cluster.md has the figures and the command.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from quotas.broker_concurrency import MAX_LIMIT
+from tests.integration.bed_clients import start_gold
 from tests.integration.overload_bed import (
     SHARES,
     Bed,
@@ -43,11 +50,11 @@ pytestmark = pytest.mark.quiet
 OVERLOAD_RATIO = 5.0
 OFF_RATIO = 3.0
 RECOVERY_S = 20.0
-#: Alone, adaptive on gave gold 0.16-0.22 of its median wait with adaptive off (three runs); beside
-#: the suite's other workers, 0.55: the other workers' CPU waits are in both.
-MEDIAN_RATIO = 0.75
-#: the controller kept after comparing both on this bed (docs/protecting-the-cluster.md)
-KEPT = "aimd"
+P99_VS_OFF = 0.75
+GOODPUT_VS_OFF = 0.85
+#: what adaptive capacity answers latency with on this bed (docs/protecting-the-cluster.md)
+KEPT = "concurrency"
+LIMIT = "kthrottle_broker_produce_limit"
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +63,39 @@ def bed() -> Iterator[Bed]:
         yield made
 
 
-def _through(bed: Bed, workdir: Path, table: str) -> tuple[Phase, Phase, float]:
-    """Gold alone and overloaded through a proxy with `table`; seconds until its factor is back
-    at 1.0 after the overload (0 without adaptive)."""
+def _through(bed: Bed, workdir: Path, table: str) -> tuple[Phase, Phase, float, float]:
+    """Gold alone and overloaded through a proxy with `table`. With adaptive on, also: the broker's
+    lowest Produce limit seen while overloaded, and seconds until it is gone again (gold alone)."""
     workdir.mkdir()
     with QuotaProxy(bed.kafka.bootstrap, workdir, table) as proxy:
         proxy.set_quotas(SHARES)
         alone = quiet(proxy.bootstrap, bed.topic)
-        loaded = overloaded(proxy.bootstrap, bed.topic)
+        if "adaptive = true" not in table:
+            return alone, overloaded(proxy.bootstrap, bed.topic), MAX_LIMIT, 0.0
+        lowest = MAX_LIMIT
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal lowest
+            while not done.wait(0.25):
+                limit = proxy.metric(LIMIT, broker="1")
+                if 0 < limit < lowest:
+                    lowest = limit
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            loaded = overloaded(proxy.bootstrap, bed.topic)
+        finally:
+            done.set()
+            watcher.join(10)
+        gold = start_gold(proxy.bootstrap, bed.topic, RECOVERY_S + 5)
         start = time.monotonic()
-        while "adaptive = true" in table and proxy.metric("kthrottle_capacity_factor") < 1.0:
-            if time.monotonic() - start > 2 * RECOVERY_S:
-                break
+        while proxy.metric(LIMIT, broker="1") < MAX_LIMIT and time.monotonic() - start < 2 * RECOVERY_S:
             time.sleep(0.25)
-        return alone, loaded, time.monotonic() - start
+        back = time.monotonic() - start
+        gold.result()
+        return alone, loaded, lowest, back
 
 
 def _figures(name: str, alone: Phase, loaded: Phase, direct: float) -> str:
@@ -79,24 +105,27 @@ def _figures(name: str, alone: Phase, loaded: Phase, direct: float) -> str:
             f"({loaded.goodput / direct:.2f}x direct; target >= 0.85x)")
 
 
-def test_the_bed_overloads_at_the_broker_and_adaptive_capacity_protects_gold(bed: Bed,
-                                                                             tmp_path: Path) -> None:
+def test_the_bed_overloads_at_the_broker_and_the_concurrency_limit_protects_gold(bed: Bed,
+                                                                                  tmp_path: Path) -> None:
     # overloaded first: the broker's first seconds under its quota are slow even for gold alone
     # (p99 53 ms against 2 ms later), so its quiet figure is taken once that has passed
     direct = overloaded(bed.kafka.bootstrap, bed.topic)
     capacity = direct.goodput
     settle(bed.kafka.bootstrap, bed.topic)
     direct_alone = quiet(bed.kafka.bootstrap, bed.topic)
-    off_alone, off, _ = _through(bed, tmp_path / "off", capacity_table(2 * capacity, adaptive=False))
+    off_alone, off, _, _ = _through(bed, tmp_path / "off", capacity_table(2 * capacity, adaptive=False))
     settle(bed.kafka.bootstrap, bed.topic)
-    on_alone, on, back = _through(bed, tmp_path / "on", capacity_table(2 * capacity, adaptive=True,
-                                                                       controller=KEPT))
+    on_alone, on, lowest, back = _through(bed, tmp_path / "on", capacity_table(
+        2 * capacity, adaptive=True, controller=KEPT))
     report(f"overload bed (broker at {bed.limit.cores} core): "
            + "; ".join(_figures(name, alone, loaded, capacity) for name, alone, loaded in (
                ("direct", direct_alone, direct), ("adaptive off", off_alone, off),
                (f"adaptive on ({KEPT})", on_alone, on)))
-           + f"; factor back at 1.0 {back:.1f} s after the overload")
+           + f"; on against off: p99 {on.p99 / off.p99:.2f}x, goodput {on.goodput / off.goodput:.2f}x; "
+           f"broker limit lowest {lowest:.1f}, gone {back:.1f} s after the overload")
     assert direct.p99 >= OVERLOAD_RATIO * direct_alone.p99, "the bed did not overload the broker"
     assert off.p99 >= OFF_RATIO * off_alone.p99, "adaptive off: gold did not suffer, the run shows nothing"
-    assert on.p50 <= MEDIAN_RATIO * off.p50, "adaptive on did not shorten gold's median wait"
-    assert back <= RECOVERY_S
+    assert lowest < MAX_LIMIT, "the broker's Produce limit never engaged"
+    assert on.p99 <= P99_VS_OFF * off.p99, "the limit did not shorten gold's tail"
+    assert on.goodput >= GOODPUT_VS_OFF * off.goodput, "the limit cost throughput"
+    assert back <= RECOVERY_S, f"the limit was still there {back:.0f} s after the overload"

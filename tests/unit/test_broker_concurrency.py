@@ -1,0 +1,218 @@
+"""The per-broker Produce concurrency limit (quotas/broker_concurrency.py), and how a connection
+waits for a slot (protocol/connection.py), driven with values and byte strings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.connection import AwaitSlot, ProxyConnection
+from protocol.headers import parse_request_header
+from quotas.broker_concurrency import (
+    MAX_LIMIT,
+    MIN_LIMIT,
+    WINDOW_MS,
+    BrokerConcurrency,
+    BrokerSlots,
+)
+
+from .test_connection import produce_request, produce_response
+from .wire import advertise, broker_frames, framed, of_type
+
+GOLD, SILVER, BRONZE = "gold", "silver", "bronze"
+
+
+def limited(limit: float) -> BrokerSlots[str]:
+    slots: BrokerSlots[str] = BrokerSlots(1)
+    slots.limit = limit
+    return slots
+
+
+def test_the_limit_holds_every_tenant() -> None:
+    slots = limited(MIN_LIMIT)
+    assert slots.acquire(SILVER, 1.0, "s1")
+    assert not slots.acquire(SILVER, 1.0, "s2")
+    assert not slots.acquire(GOLD, 10.0, "g1")  # gold too: one request at the broker is the limit
+    assert slots.release(SILVER) == ["g1"]  # but first when the slot frees: 1 / 10 against silver's 1 / 1
+    assert slots.in_flight == 1 and slots.waiting == 1
+
+
+def test_a_freed_slot_goes_to_the_fewest_in_flight_per_share() -> None:
+    slots = limited(3)
+    assert all(slots.acquire(t, w, f"{t}1") for t, w in ((GOLD, 10.0), (SILVER, 1.0), (BRONZE, 1.0)))
+    assert not slots.acquire(SILVER, 1.0, "silver2")
+    assert not slots.acquire(GOLD, 10.0, "gold2")  # gold: 1 in flight / 10 beats silver's 1 / 1
+    assert slots.release(BRONZE) == ["gold2"]
+    assert slots.release(GOLD) == ["silver2"]
+    assert slots.in_flight == 3 and slots.waiting == 0
+
+
+def test_share_buys_slots_in_proportion() -> None:
+    """Both always waiting, requests completing oldest first: the slots settle at 10 to 1."""
+    slots = limited(11)
+    running: list[str] = []
+    for n in range(200):
+        for tenant, weight in ((GOLD, 10.0), (SILVER, 1.0)):
+            if slots.acquire(tenant, weight, f"{tenant}-{n}"):
+                running.append(tenant)
+    for _ in range(100):
+        running += [waiter.split("-")[0] for waiter in slots.release(running.pop(0))]
+    assert sorted(running).count(GOLD) == 10 and running.count(SILVER) == 1, running
+
+
+def test_equal_tenants_are_served_first_come_first_served() -> None:
+    slots = limited(3)
+    assert all(slots.acquire(t, w, f"{t}1") for t, w in ((GOLD, 10.0), (SILVER, 1.0), (BRONZE, 1.0)))
+    assert not slots.acquire(BRONZE, 1.0, "bronze2")
+    assert not slots.acquire(SILVER, 1.0, "silver2")
+    assert slots.release(GOLD) == ["bronze2"]  # both 1 in flight then: bronze waited longer
+
+
+def test_a_cancelled_waiter_is_never_woken() -> None:
+    slots = limited(1)
+    assert slots.acquire(SILVER, 1.0, "s1")
+    assert not slots.acquire(SILVER, 1.0, "s2")
+    slots.cancel(SILVER, "s2")
+    assert slots.waiting == 0
+    assert slots.release(SILVER) == []
+    assert slots.in_flight == 0
+    assert slots.release(SILVER) == []  # a release with nothing in flight changes nothing
+
+
+def window(slots: BrokerSlots[str], latencies: list[float], start: float, bound: float | None) -> object:
+    """One window of completed requests; the change at its end."""
+    change = None
+    for i, latency in enumerate(latencies):
+        change = slots.sample(latency, start + i, bound)
+    return slots.sample(latencies[-1], start + WINDOW_MS, bound) or change
+
+
+def test_the_limit_is_cut_from_what_was_in_flight_and_grows_by_its_square_root() -> None:
+    slots = limited(MAX_LIMIT)
+    for n in range(10):
+        slots.acquire(f"t{n}", 1.0, f"w{n}")
+    slots.sample(1.0, 0.0, None)  # opens the window; the peak so far is 10
+    change = window(slots, [30.0] * 5, 1.0, bound=9.0)
+    assert change is not None and slots.limit == 10 * 0.7  # from the 10 in flight, not from 64
+    change = window(slots, [3.0] * 5, 2 * WINDOW_MS + 10, bound=9.0)
+    assert change is not None and abs(slots.limit - (7.0 + 7.0 ** 0.5)) < 1e-9
+
+
+def test_no_baseline_or_too_few_samples_move_nothing() -> None:
+    slots = limited(8)
+    window(slots, [100.0] * 5, 0.0, bound=None)
+    assert slots.limit == 8
+    window(slots, [100.0, 100.0], 5 * WINDOW_MS, bound=9.0)
+    assert slots.limit == 8
+
+
+def test_the_limit_stays_between_its_bounds() -> None:
+    slots = limited(MIN_LIMIT)
+    window(slots, [50.0] * 5, 0.0, bound=9.0)
+    assert slots.limit == MIN_LIMIT
+    for n in range(40):
+        window(slots, [1.0] * 5, (2 + 2 * n) * WINDOW_MS, bound=9.0)
+    assert slots.limit == MAX_LIMIT
+
+
+def test_a_raised_limit_wakes_waiters() -> None:
+    concurrency: BrokerConcurrency[str] = BrokerConcurrency(lambda broker: 2.0)
+    slots = concurrency.slots(1)
+    slots.limit = MIN_LIMIT
+    assert slots.acquire(SILVER, 1.0, "s1")
+    assert not slots.acquire(SILVER, 1.0, "s2") and not slots.acquire(SILVER, 1.0, "s3")
+    for i in range(3):  # a healthy window's samples (bound 2 x 2 + 5 ms)
+        assert slots.sample(1.0, float(i), concurrency.bound_ms(1)) is None
+    woken, change = concurrency.completed(1, SILVER, 1.0, float(WINDOW_MS + 3))
+    assert change is not None and change.old == MIN_LIMIT and change.new == 2.0
+    assert woken == ["s2", "s3"] and slots.in_flight == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "release", "cancel"]),
+                          st.sampled_from([GOLD, SILVER, BRONZE])), max_size=60),
+       st.sampled_from([1.0, 2.0, 3.5]))
+def test_counts_stay_true_and_the_limit_binds(ops: list[tuple[str, str]], limit: float) -> None:
+    """Whatever the order: the counts add up, no waiter is woken twice or lost, no more than the
+    limit is in flight, and nobody waits below it."""
+    slots = limited(limit)
+    weights = {GOLD: 10.0, SILVER: 1.0, BRONZE: 1.0}
+    running: dict[str, int] = {t: 0 for t in weights}
+    queued: dict[str, list[str]] = {t: [] for t in weights}
+    seen: set[str] = set()
+    for n, (op, tenant) in enumerate(ops):
+        woken: list[str] = []
+        if op == "acquire":
+            waiter = f"{tenant}-{n}"
+            if slots.acquire(tenant, weights[tenant], waiter):
+                running[tenant] += 1
+            else:
+                queued[tenant].append(waiter)
+        elif op == "release" and running[tenant]:
+            running[tenant] -= 1
+            woken = slots.release(tenant)
+        elif op == "cancel" and queued[tenant]:
+            slots.cancel(tenant, queued[tenant].pop(0))
+        for waiter in woken:
+            owner = waiter.split("-")[0]
+            assert waiter not in seen
+            seen.add(waiter)
+            queued[owner].remove(waiter)
+            running[owner] += 1
+        assert slots.in_flight == sum(running.values())
+        assert slots.waiting == sum(len(q) for q in queued.values())
+        assert slots.in_flight <= math.ceil(limit)
+        # nobody waits while its broker is under its limit
+        assert not slots.waiting or slots.in_flight >= limit
+
+
+class Slots:
+    """A ProduceAdmission over one BrokerSlots, as proxy/capacity/produce_slots.py drives it."""
+
+    def __init__(self, limit: float) -> None:
+        self.slots = limited(limit)
+        self.done_with: list[tuple[Hashable, float | None]] = []
+        self.woken: list[str] = []
+
+    def admit(self, principal: str, client_id: str) -> Hashable | None:
+        return client_id if self.slots.acquire(client_id, 1.0, client_id) else None
+
+    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
+        self.done_with.append((ticket, latency_ms))
+        self.woken += self.slots.release(ticket)
+
+
+def test_a_produce_over_the_limit_waits_with_what_follows_and_goes_on_in_order() -> None:
+    admission = Slots(1)
+    assert admission.slots.acquire("test-client", 1.0, "another connection's")
+    conn = ProxyConnection(advertise, admission=admission)
+    actions = conn.receive_from_client(framed(produce_request(1, 9, acks=-1), produce_request(2, 9, acks=-1)),
+                                       10.0)
+    assert of_type(actions, AwaitSlot) and broker_frames(actions) == []
+    assert conn.awaiting_slot and conn.waiting_requests
+    # more arriving meanwhile waits behind them, and resume (a mute's end) does not let them go
+    assert conn.receive_from_client(framed(produce_request(3, 9, acks=0)), 11.0) == []
+    assert conn.resume(12.0) == []
+    assert admission.slots.release("test-client") == ["test-client"]  # this connection's turn
+    actions = conn.slot_granted("test-client", 20.0)
+    # request 1 takes the granted slot; request 2 finds the broker's one slot in flight again
+    assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [1]
+    assert of_type(actions, AwaitSlot) and conn.awaiting_slot
+    actions = conn.receive_from_broker(framed(produce_response(1, 9)), 35.0)
+    assert admission.done_with == [("test-client", 15.0)]
+    assert admission.woken == [conn.client_id]  # the waiter: the connection's own request 2
+    actions = conn.slot_granted("test-client", 36.0)
+    # request 2 takes the slot; request 3 (acks=0) takes none
+    assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [2, 3]
+    assert conn.release_slots() == ["test-client"]
+    assert not conn.awaiting_slot
+
+
+def test_a_grant_nobody_waits_for_is_given_back() -> None:
+    admission = Slots(1)
+    conn = ProxyConnection(advertise, admission=admission)
+    assert conn.slot_granted("test-client", 1.0) == []
+    assert admission.done_with == [("test-client", None)]
