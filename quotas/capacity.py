@@ -116,8 +116,9 @@ def check_tuning(tuning: AdaptiveConfig) -> AdaptiveConfig:
         if not valid(value):
             raise CapacityError(f"capacity.{name} = {value!r} {rule}")
     if tuning.controller not in CONTROLLERS:
+        names = [f'"{name}"' for name in CONTROLLERS]
         raise CapacityError(f"capacity.controller = {tuning.controller!r} must be "
-                            f"{' or '.join(repr(name).replace(chr(39), chr(34)) for name in CONTROLLERS)}")
+                            f"{', '.join(names[:-1])} or {names[-1]}")
     return tuning
 
 

@@ -91,16 +91,13 @@ class CapacityFactor:
               peaks: Mapping[QuotaType, float]) -> bool:
         """Whether the load is light now: every direction with a capacity (static, or learned
         while the factor is below 1) at most LIGHT_FRACTION of it. Directions without one do
-        not count, unless none has one (adaptive mode alone): then the load is judged against
-        the highest rate it was seen at (`peaks`), so a cluster busy from the start is never
+        not count, unless none has one (adaptive mode alone): then every direction is judged
+        against the highest rate it was seen at (`peaks`), so a cluster busy from the start is never
         light and never learns busy as healthy. `totals` and `peaks` list the tracked directions."""
         bases = {direction: static.get(direction) or self.learned.get(direction) for direction in totals}
         judged = {direction: base for direction, base in bases.items() if base}
-        if not judged and totals:
-            # NOTE: only the first tracked direction is judged, as this code always did (the
-            # docstring says every direction; left unchanged in a refactoring)
-            first = next(iter(totals))
-            judged = {first: peaks[first]}
+        if not judged:
+            judged = {direction: peaks[direction] for direction in totals}
         return all(totals[direction] <= LIGHT_FRACTION * base for direction, base in judged.items())
 
 

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from quotas.adaptive_capacity import (
+    CONCURRENCY,
     DEGRADED_TICKS,
     ERRORS,
     GRADIENT,
@@ -223,6 +224,22 @@ def test_the_gradient_controller_scales_by_the_latency_ratio_every_tick() -> Non
 
 
 def test_an_unknown_controller_is_refused_with_its_name() -> None:
-    message = "capacity.controller = 'pid' must be \"aimd\" or \"gradient\""
+    message = "capacity.controller = 'pid' must be \"aimd\", \"gradient\" or \"concurrency\""
     with pytest.raises(ValueError, match=re.escape(message)):
         CapacityConfig(adaptive=AdaptiveConfig(controller="pid"))
+
+
+def test_under_the_concurrency_controller_latency_holds_the_factor_and_errors_still_cut() -> None:
+    """Latency is answered by the brokers' Produce limits (broker_concurrency.py), not the factor."""
+    controller = AdaptiveCapacity(AdaptiveConfig(controller=CONCURRENCY))
+    feed(controller, 10.0)
+    controller.tick(light=True)
+    for _ in range(4):
+        feed(controller, 900.0)
+        assert controller.tick(light=False) is None
+    assert controller.factor == 1.0
+    changes = []
+    for _ in range(3):
+        feed(controller, 10.0, n=100, errors=[REQUEST_TIMED_OUT])
+        changes.append(controller.tick(light=False))
+    assert controller.factor == 0.7 and any(c is not None and c.reason == ERRORS for c in changes)

@@ -54,3 +54,6 @@ def test_light_judges_directions_with_a_capacity_else_the_peak() -> None:
     assert not state.light({P: 1000.0}, {P: 501.0}, {P: 501.0})
     assert not state.light({}, {P: 100.0}, {P: 100.0}), "at its peak: busy"
     assert state.light({}, {P: 40.0}, {P: 100.0})
+    # without a capacity anywhere, every direction is judged against its own peak, not the first alone
+    assert not state.light({}, {P: 40.0, QuotaType.FETCH: 90.0}, {P: 100.0, QuotaType.FETCH: 100.0})
+    assert state.light({}, {P: 40.0, QuotaType.FETCH: 30.0}, {P: 100.0, QuotaType.FETCH: 100.0})

@@ -65,3 +65,34 @@ def test_a_proxy_whose_capacity_cannot_change_reports_no_health_without_adaptive
     fixed, _ = _live(may_change=False)
     fixed.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))
     assert fixed.health is not None and fixed.health.controller is fixed.controller
+
+
+def test_the_concurrency_limit_follows_the_controller_and_frees_its_waiters() -> None:
+    """Turned on live, sessions made before it are limited; turned off, whoever waited goes on, and a
+    slot taken before is not given back into the new limit (no miscount)."""
+    import asyncio
+    from collections.abc import Hashable
+
+    from proxy.capacity.produce_slots import UNCOUNTED
+
+    async def run() -> None:
+        live, _ = _live()
+        woken: list[Hashable] = []
+        first = live.produce_slots.for_session(1, woken.append)
+        second = live.produce_slots.for_session(1, woken.append)
+        assert first.admit("alice", "etl") is UNCOUNTED  # off: nothing counted
+        live.apply(CapacityConfig(produce_byte_rate=500_000.0,
+                                  adaptive=AdaptiveConfig(controller="concurrency")))
+        slots = live.produce_slots.concurrency.slots(1)
+        slots.limit = 1.0
+        ticket = first.admit("alice", "etl")
+        assert ticket is not None and ticket is not UNCOUNTED
+        assert second.admit("bob", "etl") is None and slots.waiting == 1
+        live.apply(CapacityConfig(produce_byte_rate=500_000.0, adaptive=AdaptiveConfig()))  # AIMD now
+        await asyncio.sleep(0)
+        assert woken == [UNCOUNTED]  # the waiter went on
+        first.done(ticket, 3.0)  # a slot of the old limit: given back to nobody
+        assert live.produce_slots.concurrency.brokers == {}
+        assert second.admit("bob", "etl") is UNCOUNTED
+
+    asyncio.run(run())
