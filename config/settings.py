@@ -93,6 +93,9 @@ class ProxySettings:
     connection_buffer_bytes: int = 256 * 1024
     #: Live quota buckets per quota type; past it, new entities share one overflow bucket.
     max_quota_buckets: int = 50_000
+    #: The longest throttle the proxy gives (quota or capacity: throttle_time_ms, the KIP-219 mute,
+    #: a held response), as Redpanda's max_kafka_throttle_delay_ms; None: no cap, as in Kafka.
+    max_throttle_time_ms: int | None = None
     #: "kafka": Kafka's windowed rate decides (a new client bursts ~10 s of quota, then an 11 s
     #: sawtooth); "smooth": a token bucket with a one-second burst decides the byte-rate and
     #: request-time quotas (quotas/token_bucket.py).
@@ -223,7 +226,7 @@ def load_settings(path: Path | None) -> ProxySettings:
                      "controller_quota_window_size_seconds", "metrics_max_entities",
                      "max_connections", "max_connections_per_ip", "connections_max_idle_ms",
                      "connection_setup_timeout_ms", "queued_max_request_bytes",
-                     "connection_buffer_bytes", "max_quota_buckets"):
+                     "connection_buffer_bytes", "max_quota_buckets", "max_throttle_time_ms"):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SettingsError(f"proxy.{key} = {value!r} must be a positive integer")
             setattr(settings, key, value)

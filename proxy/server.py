@@ -57,6 +57,7 @@ class ProxyServer:
             quota_shape=settings.quota_shape,
             controller_window=WindowConfig(settings.controller_quota_window_num,
                                            settings.controller_quota_window_size_seconds * 1000),
+            max_throttle_ms=settings.max_throttle_time_ms,
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         #: KIP-73 partition throttles for consumers (the quota file's [[partition_throttle]]) and

@@ -262,7 +262,8 @@ class CapacityManager:
     """The capacity per direction, its tenants and their fair allocations."""
 
     def __init__(self, window: WindowConfig = DEFAULT_WINDOW, *,
-                 max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
+                 max_tenants: int = DEFAULT_MAX_TENANTS, max_throttle_ms: int | None = None) -> None:
+        """`max_throttle_ms`: the proxy's `max_throttle_time_ms`, below the capacity's own bound."""
         self.window = window
         self.max_tenants = max_tenants
         self.config: CapacityConfig | None = None
@@ -276,6 +277,8 @@ class CapacityManager:
         #: `controller` is set by the I/O layer, proxy/capacity/live.py)
         self.factor_state = CapacityFactor()
         self.max_throttle_ms = MAX_CAPACITY_THROTTLE_WINDOWS * window.window_ms
+        if max_throttle_ms is not None:
+            self.max_throttle_ms = min(self.max_throttle_ms, max_throttle_ms)
         #: the latest end of any capacity throttle (a quick test for `remaining_throttle_ms`)
         self.throttled_until_ms = 0
         #: the fleet's merged peer usage (None: a lone proxy)

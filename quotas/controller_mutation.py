@@ -113,9 +113,10 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
     """
 
     def __init__(self, window: WindowConfig = CONTROLLER_QUOTA_WINDOW, *,
-                 max_buckets: int | None = DEFAULT_MAX_BUCKETS, idle_expiry_ms: int = IDLE_EXPIRY_MS) -> None:
+                 max_buckets: int | None = DEFAULT_MAX_BUCKETS, idle_expiry_ms: int = IDLE_EXPIRY_MS,
+                 max_throttle_ms: int | None = None) -> None:
         super().__init__(QuotaType.CONTROLLER_MUTATION, window, max_buckets=max_buckets,
-                         idle_expiry_ms=idle_expiry_ms)
+                         idle_expiry_ms=idle_expiry_ms, max_throttle_ms=max_throttle_ms)
         #: Kafka's burst in seconds of quota: `TokenBucket.burst` = samples x window size
         self.burst_seconds = window.samples * window.window_ms / 1000.0
         #: in a fleet: per bucket, the bucket and the partitions charged here since it was made
@@ -268,6 +269,8 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
                 if charge.throttle_ms > 0:
                     throttle = charge.throttle_ms
             accepted.append(True)
+        if self.max_throttle_ms is not None and throttle > self.max_throttle_ms:
+            throttle = self.max_throttle_ms  # the proxy's max_throttle_time_ms
         if throttle > 0:
             found = self.resolve(user, client_id)
             if found is not None:

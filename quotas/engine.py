@@ -71,6 +71,11 @@ class EngineConfig:
     #: Kafka's controller.quota.window.num x controller.quota.window.size.seconds: the controller
     #: mutation quota's burst is this many seconds of quota
     controller_window: WindowConfig = CONTROLLER_QUOTA_WINDOW
+    #: the proxy's `max_throttle_time_ms` (Redpanda's max_kafka_throttle_delay_ms): no throttle of a
+    #: quota or of the capacity goes above it, so no mute or held response does; None: no cap, as
+    #: in Kafka. Usage still counts in full, so a client over its quota is throttled again, at
+    #: most this long each time, until its rate is back under.
+    max_throttle_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.quota_shape not in QUOTA_SHAPES:
@@ -80,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"max_buckets must be at least 1, got {self.max_buckets}")
         if self.pid_max_users < 1:
             raise ValueError(f"pid_max_users must be at least 1, got {self.pid_max_users}")
+        if self.max_throttle_ms is not None and self.max_throttle_ms < 1:
+            raise ValueError(f"max_throttle_ms must be at least 1, got {self.max_throttle_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +117,22 @@ class QuotaEngine:
         window = config.window
         cap = config.max_buckets
         shape = config.quota_shape
+        most = config.max_throttle_ms
+        request_most = window.window_ms if most is None else min(window.window_ms, most)
         self.managers: dict[QuotaType, ClientQuotaManager] = {
-            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window, max_buckets=cap, shape=shape),
-            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window, max_buckets=cap, shape=shape),
-            QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window, max_throttle_ms=window.window_ms,
+            QuotaType.PRODUCE: ClientQuotaManager(QuotaType.PRODUCE, window, max_buckets=cap, shape=shape,
+                                                  max_throttle_ms=most),
+            QuotaType.FETCH: ClientQuotaManager(QuotaType.FETCH, window, max_buckets=cap, shape=shape,
+                                                max_throttle_ms=most),
+            QuotaType.REQUEST: ClientQuotaManager(QuotaType.REQUEST, window, max_throttle_ms=request_most,
                                                   max_buckets=cap, shape=shape),
             QuotaType.PRODUCER_IDS: ClientQuotaManager(QuotaType.PRODUCER_IDS, config.pid_window,
-                                                       max_buckets=cap),
+                                                       max_buckets=cap, max_throttle_ms=most),
         }
         #: KIP-599's token buckets: kept apart from `managers`, whose windowed rates the fleet
         #: exchanges, because a token bucket travels as running totals (see controller_mutation.py)
-        self.controller_mutation = ControllerMutationQuotaManager(config.controller_window, max_buckets=cap)
+        self.controller_mutation = ControllerMutationQuotaManager(config.controller_window, max_buckets=cap,
+                                                                  max_throttle_ms=most)
         #: partitions a CreateTopics topic asking for the broker's default (-1) is charged before its
         #: answer says how many it got: Kafka's num.partitions default (1) until an answer tells
         self.default_partitions = 1
@@ -129,7 +141,8 @@ class QuotaEngine:
         #: KIP-612: connection-creation rates and open connections per client address
         self.connections = ConnectionQuotas(window, max_buckets=cap)
         #: the cluster capacity shared by `share` (idle until `capacity.configure`)
-        self.capacity = CapacityManager(window) if cap is None else CapacityManager(window, max_tenants=cap)
+        self.capacity = (CapacityManager(window, max_throttle_ms=most) if cap is None
+                         else CapacityManager(window, max_tenants=cap, max_throttle_ms=most))
         #: the (user, client-id) entities in force: what the client quota managers enforce
         self.table: QuotaTable = {}
         #: every entity in force, `ip` ones included: what the admin API describes and changes

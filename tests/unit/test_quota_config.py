@@ -210,3 +210,19 @@ def test_broken_toml_names_the_path(tmp_path: Path) -> None:
     path.write_text("[[quota]\nuser = \n")
     with pytest.raises(QuotaConfigError, match=r"broken\.toml"):
         load_quota_file(path)
+
+
+def test_max_throttle_time_ms_is_a_positive_integer_or_absent(tmp_path: Path) -> None:
+    """[proxy] max_throttle_time_ms: none by default (Kafka has no cap); bad values named."""
+    from config.settings import SettingsError, load_settings
+
+    path = tmp_path / "kthrottle.toml"
+    path.write_text("[proxy]\n")
+    assert load_settings(path).max_throttle_time_ms is None
+    path.write_text("[proxy]\nmax_throttle_time_ms = 500\n")
+    assert load_settings(path).max_throttle_time_ms == 500
+    for bad in ("0", "-100", '"1s"', "true", "2.5"):
+        path.write_text(f"[proxy]\nmax_throttle_time_ms = {bad}\n")
+        with pytest.raises(SettingsError, match=re.escape("proxy.max_throttle_time_ms = ")
+                           + ".*must be a positive integer"):
+            load_settings(path)

@@ -279,3 +279,54 @@ def test_reading_metrics_does_not_keep_an_idle_bucket_alive() -> None:
         if scrape_ms >= 11_000:
             assert set(engine.managers[P].buckets) == {BucketKey("", "loud")}
     assert engine.expire_idle(3_600_000) == 1
+
+
+# -- max_throttle_time_ms: no throttle above it ---------------------------------------------------
+
+
+def test_max_throttle_caps_every_quota_and_holds_nothing_longer() -> None:
+    """Kafka's vector would throttle 2100 ms; capped at 300, and a request on another connection is
+    held at most 300 ms. The usage still counts in full, so the next request is throttled again."""
+    config = EngineConfig(max_throttle_ms=300)
+    engine = engine_with({CLIENT_DEFAULT: {P: 500, F: 500, R: 1.0},
+                          QuotaEntity(DEFAULT, None): {PIDS: 0.001}}, config)
+    for t in range(0, 10_000, 1000):
+        engine.charge("ANONYMOUS", "unknown", t, produce_bytes=400)
+    assert engine.charge("ANONYMOUS", "unknown", 10_500, produce_bytes=2300).throttle_ms == 300
+    assert 0 < engine.hold_ms("ANONYMOUS", "unknown", 0, 10_500) <= 300
+    assert engine.hold_ms("ANONYMOUS", "unknown", 0, 10_801) == 0
+    assert engine.charge("ANONYMOUS", "unknown", 10_801, produce_bytes=1).throttle_ms == 300
+    assert engine.charge("x", "app", 0, fetch_bytes=10**7).throttle_ms == 300
+    assert engine.charge("y", "app", 0, request_time_ms=500).throttle_ms == 300
+    assert engine.charge("z", "app", 0, producer_ids=list(range(50))).throttle_ms == 300
+
+
+def test_max_throttle_caps_the_capacity_and_controller_mutations() -> None:
+    from quotas.capacity import CapacityConfig
+    from quotas.types import EntitySetting
+
+    engine = engine_with({CLIENT_DEFAULT: {QuotaType.CONTROLLER_MUTATION: 1.0, EntitySetting.SHARE: 1.0}},
+                         EngineConfig(max_throttle_ms=250))
+    engine.capacity.configure(CapacityConfig(produce_byte_rate=1000.0))
+    throttles = []
+    for t in range(0, 3000, 100):
+        engine.capacity.refresh(t)
+        throttles.append(engine.charge("u", "app", t, produce_bytes=100_000).throttle_ms)
+    assert max(throttles) == 250, throttles
+    assert engine.charge("u", "app", 3000, produce_bytes=100_000).capacity
+    verdict = engine.charge_mutations("u", "app", [500], False, 0)
+    assert verdict.throttle_ms == 250
+
+
+def test_uncapped_throttles_go_above_the_cap_used_above() -> None:
+    """The same traffic without the cap: the figures the cap changed were really above it."""
+    engine = engine_with({CLIENT_DEFAULT: {P: 500}})
+    for t in range(0, 10_000, 1000):
+        engine.charge("ANONYMOUS", "unknown", t, produce_bytes=400)
+    assert engine.charge("ANONYMOUS", "unknown", 10_500, produce_bytes=2300).throttle_ms > 300
+    assert engine.charge_mutations("u", "app", [500], False, 0).throttle_ms == 0  # no quota there
+
+
+def test_a_max_throttle_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_throttle_ms must be at least 1, got 0"):
+        EngineConfig(max_throttle_ms=0)
