@@ -44,8 +44,10 @@ from tests.integration.overload_bed import (
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import report
 
-#: Latencies: its worker's CPU weight raised (tests/quiet/); its broker has a cgroup quota of its own.
-pytestmark = pytest.mark.quiet
+#: Latencies, alone (tests/quiet/): beside the suite's other workers gold's quiet p99 read 3.4-17.9 ms
+#: where alone it reads 0.6-0.7 ms, and the direct overload 46-50 ms in two runs (h15, h17), so the
+#: bed's own proof failed there; its broker has a cgroup quota of its own.
+pytestmark = [pytest.mark.quiet, pytest.mark.alone]
 
 OVERLOAD_RATIO = 5.0
 OFF_RATIO = 3.0
