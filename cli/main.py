@@ -133,10 +133,16 @@ async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
     """Expire quota buckets whose history has passed, look up throttled topics' unknown ids,
     summarise repeated log lines, pick up rotated TLS certificates (new connections get them;
     proxy/tls.py), and give memory back after a spike of large requests (see _tune_malloc: glibc
-    keeps freed memory otherwise)."""
+    keeps freed memory otherwise); write shadow mode's "would throttle" lines."""
+    from proxy.observability.shadow_log import SHADOW_LOG_SECONDS, write_shadow_log
+
+    shadow_due = time.monotonic() + SHADOW_LOG_SECONDS
     while True:
         await asyncio.sleep(HOUSEKEEPING_SECONDS)
         server.engine.expire_idle(int(time.monotonic() * 1000))
+        if time.monotonic() >= shadow_due:
+            shadow_due += SHADOW_LOG_SECONDS
+            write_shadow_log(server.shadow_log)
         server.topic_ids.poll(time.monotonic())
         if server.tls is not None:
             server.tls.poll()

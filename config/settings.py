@@ -100,6 +100,10 @@ class ProxySettings:
     #: sawtooth); "smooth": a token bucket with a one-second burst decides the byte-rate and
     #: request-time quotas (quotas/token_bucket.py).
     quota_shape: QuotaShape = KAFKA
+    #: Shadow mode for the whole proxy (quotas/shadow.py): every throttle is computed and reported
+    #: ("would throttle"), none is applied, `ip` quotas' included. Read at start; one entity's
+    #: `shadow` setting switches live.
+    shadow: bool = False
     #: The `[fleet]` table (config/fleet.py): one quota over several proxies; None: a lone proxy.
     fleet: FleetSettings | None = None
     #: Bind the client listeners with SO_REUSEPORT, so `kthrottle run --workers N` processes share them.
@@ -197,6 +201,10 @@ def load_settings(path: Path | None) -> ProxySettings:
                 if kind != "User" or not sep or not name:
                     raise SettingsError(f"proxy.quota_admins entry {principal!r} is not \"User:<name>\"")
             settings.quota_admins = list(value)
+        elif key == "shadow":
+            if not isinstance(value, bool):
+                raise SettingsError(f"proxy.shadow = {value!r} must be true or false")
+            settings.shadow = value
         elif key == "quota_describe":
             if value not in ("admins", "everyone"):
                 raise SettingsError(f"proxy.quota_describe = {value!r} must be \"admins\" or \"everyone\"")

@@ -33,7 +33,9 @@ from config.common import Address
 from config.settings import ProxySettings
 from protocol.proxy_header import ProxyHeaderError
 from quotas.connection_quotas import ConnectionQuotas
+from quotas.shadow import ShadowLog
 from quotas.throttled_sockets import ThrottledSockets
+from quotas.types import QuotaType
 
 from .client_address.proxy_header import client_from_header, read_proxy_header
 from .limits.admission import ConnectionLimits
@@ -60,6 +62,8 @@ class AcceptorContext(Protocol):
     connection_quotas: ConnectionQuotas
     connection_metrics: ConnectionMetrics
     background: set[asyncio.Task[None]]
+    #: where the proxy in shadow reports the ip throttles it does not apply (quotas/shadow.py)
+    shadow_log: ShadowLog
 
 
 class DelayedClose:
@@ -220,7 +224,12 @@ class Acceptor:
         ip = client[0]
         now_ms = _now_ms()
         decision = context.connection_quotas.check_ip(self.listener, ip, now_ms)
-        if not decision.accepted:
+        if not decision.accepted and context.settings.shadow:
+            # the proxy in shadow: reported as a throttle would be, and served
+            metrics.throttled("ip_quota_shadow", self.listener)
+            context.shadow_log.add(decision.bucket or ip, "", QuotaType.CONNECTION_CREATION.value,
+                                   decision.throttle_ms)
+        elif not decision.accepted:
             metrics.throttled("ip_quota", self.listener)
             log.debug("listener %s: %s:%d over its connection_creation_rate %g/s (%s): closed after %d ms",
                       self.listener, *client, decision.bound, decision.bucket, decision.throttle_ms)

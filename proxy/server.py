@@ -58,6 +58,7 @@ class ProxyServer:
             controller_window=WindowConfig(settings.controller_quota_window_num,
                                            settings.controller_quota_window_size_seconds * 1000),
             max_throttle_ms=settings.max_throttle_time_ms,
+            shadow=settings.shadow,
         ))
         self.metrics = ProxyMetrics(self.engine, settings.metrics_max_entities)
         #: KIP-73 partition throttles for consumers (the quota file's [[partition_throttle]]) and
@@ -77,6 +78,7 @@ class ProxyServer:
         #: KIP-612 (quotas/connection_quotas.py): the engine holds them, so the fleet exchanges their
         #: IP buckets; the acceptors (acceptor.py) ask them before a connection is served
         self.connection_quotas = quotas = self.engine.connections
+        self.shadow_log = self.engine.shadow_log
         client_addresses = settings.client_addresses
         quotas.set_broker_rate(client_addresses.max_connection_creation_rate)
         quotas.set_max_connections_per_ip(settings.max_connections_per_ip,

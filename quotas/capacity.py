@@ -178,7 +178,8 @@ class Flow:
     """One tenant's traffic in one direction."""
 
     __slots__ = ("allocation", "cap", "demand", "first_ms", "greedy", "key", "local_allocation", "peer_rate",
-                 "pending", "rate", "reported", "throttle_count", "throttle_total_ms", "throttled_until_ms",
+                 "pending", "rate", "reported", "shadow_throttle_count", "shadow_throttle_total_ms",
+                 "throttle_count", "throttle_total_ms", "throttled_until_ms",
                  "tokens", "weight")
 
     def __init__(self, key: BucketKey, weight: float, window: WindowConfig, now_ms: int) -> None:
@@ -207,6 +208,8 @@ class Flow:
         self.throttled_until_ms = 0
         self.throttle_total_ms = 0
         self.throttle_count = 0
+        self.shadow_throttle_total_ms = 0
+        self.shadow_throttle_count = 0
 
     def roll(self, now_ms: int) -> None:
         """Record what is pending into the windowed rate (at most a refresh interval late: its
@@ -430,12 +433,26 @@ class CapacityManager:
             if tokens and flow.tokens is not None and flow.local_allocation != _UNLIMITED:
                 flow.tokens.unrecord(value, flow.local_allocation, now_ms)
 
-    def record_throttle(self, direction: QuotaType, user: str, client_id: str, throttle_ms: int) -> None:
-        """Count a throttle the capacity decided (the larger one of its request)."""
+    def record_throttle(self, direction: QuotaType, user: str, client_id: str, throttle_ms: int, *,
+                        shadow: bool = False) -> None:
+        """Count a throttle the capacity decided (the larger one of its request); `shadow`: computed
+        and reported, not applied (shadow.py), counted apart."""
         flow = self._known(direction, user, client_id)
-        if flow is not None:
+        if flow is None:
+            return
+        if shadow:
+            flow.shadow_throttle_total_ms += throttle_ms
+            flow.shadow_throttle_count += 1
+        else:
             flow.throttle_total_ms += throttle_ms
             flow.throttle_count += 1
+
+    def unthrottle(self, user: str, client_id: str) -> None:
+        """Hold nothing for the tenant in any direction: its throttles were reported only (shadow.py)."""
+        for direction in self.directions:
+            flow = self._known(direction, user, client_id)
+            if flow is not None:
+                flow.throttled_until_ms = 0
 
     def remaining_throttle_ms(self, direction: QuotaType, user: str, client_id: str, now_ms: int) -> int:
         """How long the tenant stays throttled by the capacity in `direction` (0: not)."""

@@ -242,12 +242,13 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
         return tokens.level(bucket.bound, now_ms) if tokens is not None else 0.0
 
     def charge_topics(self, user: str, client_id: str, costs: Sequence[int], strict: bool,
-                      now_ms: int) -> MutationVerdict:
+                      now_ms: int, *, shadow: bool = False) -> MutationVerdict:
         """Charge one request's topics in order: `costs[i]` partitions for topic i.
 
         A topic of cost 0 (one the broker will refuse before charging it) is neither charged nor
         refused. Strict: refused once the bucket is in debt, throttle of the last refusal;
-        permissive: all recorded, throttle of the last violation (the largest).
+        permissive: all recorded, throttle of the last violation (the largest). `shadow`: the
+        throttle is counted as a shadow one (see shadow.py).
         """
         if self.resolve(user, client_id) is None:
             return MutationVerdict((True,) * len(costs), 0)
@@ -274,7 +275,8 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
         if throttle > 0:
             found = self.resolve(user, client_id)
             if found is not None:
-                self.record_throttle(Charge(found[0], found[1], 0.0, throttle), throttle, now_ms)
+                self.record_throttle(Charge(found[0], found[1], 0.0, throttle), throttle, now_ms,
+                                     shadow=shadow)
         return MutationVerdict(tuple(accepted), throttle)
 
     def settle(self, user: str, client_id: str, partitions: int, now_ms: int) -> None:

@@ -39,6 +39,7 @@ from .fleet import MAX_PENDING_PRODUCER_IDS, PeerUsage, UsageEntry
 from .manager import DEFAULT_MAX_BUCKETS, EXPIRY_BUDGET, Charge, ClientQuotaManager
 from .producer_ids import DEFAULT_PID_WINDOW_MS, DEFAULT_PID_WINDOW_SAMPLES, ProducerIdTracker
 from .rate import DEFAULT_WINDOW, WindowConfig
+from .shadow import ShadowLog, ShadowPolicy
 from .token_bucket import KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape
 from .types import CAPACITY_STREAMS, CapacityStream, ConfigKey, EntitySetting, QuotaType, UsageKind
 from .usage import UsageAccount
@@ -76,6 +77,8 @@ class EngineConfig:
     #: in Kafka. Usage still counts in full, so a client over its quota is throttled again, at
     #: most this long each time, until its rate is back under.
     max_throttle_ms: int | None = None
+    #: the proxy's `[proxy] shadow`: every decision is computed and reported, none applied (shadow.py)
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if self.quota_shape not in QUOTA_SHAPES:
@@ -100,6 +103,9 @@ class Verdict:
     #: The throttle is the cluster capacity's (the tenant is above its fair share), not a quota's;
     #: `quota` then names the direction.
     capacity: bool = False
+    #: The throttle was computed and reported, not applied (shadow.py): `throttle_ms` is 0 and
+    #: `shadow_ms` is what enforcing would have given.
+    shadow_ms: int = 0
 
 
 NO_THROTTLE = Verdict(0)
@@ -157,6 +163,9 @@ class QuotaEngine:
         self._new_producer_ids: list[tuple[str, int]] = []
         #: the usage events' sums (None: usage events off, the default); set by the I/O layer
         self.usage: UsageAccount | None = None
+        #: who is in shadow (the whole proxy or entities setting `shadow`), and what they would have got
+        self.shadow = ShadowPolicy(config.shadow)
+        self.shadow_log = ShadowLog()
 
     def set_quotas(self, table: QuotaTable) -> None:
         """Apply a new configuration; buckets whose key is unchanged keep their history. The `ip`
@@ -174,6 +183,7 @@ class QuotaEngine:
                                    if setting in values}
                          for setting in EntitySetting}
         self.capacity.set_shares(self.settings[EntitySetting.SHARE])
+        self.shadow.set_entities(self.settings[EntitySetting.SHADOW])
 
     def all_managers(self) -> dict[QuotaType, ClientQuotaManager]:
         """Every quota type's manager: `managers` and the controller mutation quota's."""
@@ -193,7 +203,7 @@ class QuotaEngine:
 
     def fetch_max_bytes(self, user: str, client_id: str) -> int | None:
         """Kafka lowers a consumer's fetch size to what its quota allows in one full window."""
-        if not self.table:
+        if not self.table or (self.shadow.active and self.shadow.shadowed(user, client_id)):
             return None
         cap = self.managers[QuotaType.FETCH].max_value_in_window(user, client_id)
         return None if cap is None else max(1, int(cap))
@@ -207,6 +217,8 @@ class QuotaEngine:
         producer-id buckets, Fetch for the fetch bucket, and every request for the request quota.
         """
         capacity = self.capacity
+        if self.shadow.active and self.shadow.shadowed(user, client_id):
+            return 0
         if capacity.throttled_until_ms > now_ms:
             wait = capacity.remaining_throttle_ms(QuotaType.REQUEST, user, client_id, now_ms)
             if api_key in (_PRODUCE, _FETCH):
@@ -303,6 +315,14 @@ class QuotaEngine:
                                           fetch_charge if fetch_in_debt else None, fetch_bytes, now_ms)
         if worst is None or worst_type is None:
             return NO_THROTTLE
+        if self.shadow.active and self.shadow.shadowed(user, client_id):
+            # the same throttle, recorded as a shadow one; the fetch keeps its records and charge
+            managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms, shadow=True)
+            if usage is not None:
+                usage.throttled(user, client_id, worst_type, worst.throttle_ms, shadow=True)
+            self.shadow_log.add(user, client_id, worst_type.value, worst.throttle_ms)
+            self._unthrottle(user, client_id)
+            return Verdict(0, worst_type, shadow_ms=worst.throttle_ms)
         managers[worst_type].record_throttle(worst, worst.throttle_ms, now_ms)
         if usage is not None:
             usage.throttled(user, client_id, worst_type, worst.throttle_ms)
@@ -326,12 +346,26 @@ class QuotaEngine:
         usage-event key). A fetch (`empty_fetch`) whose tenant's bucket was already in debt is
         emptied and taken back, as Kafka does for a quota; one that found the bucket out of
         debt is delivered and paid back by its throttle (see CapacityCharge.in_debt)."""
+        if self.shadow.active and self.shadow.shadowed(user, client_id):
+            self.capacity.record_throttle(direction, user, client_id, throttle_ms, shadow=True)
+            if self.usage is not None:
+                self.usage.capacity_throttled(user, client_id, direction, throttle_ms, shadow=True)
+            self.shadow_log.add(user, client_id, f"capacity {direction.value}", throttle_ms)
+            self._unthrottle(user, client_id)
+            return Verdict(0, direction, capacity=True, shadow_ms=throttle_ms)
         self.capacity.record_throttle(direction, user, client_id, throttle_ms)
         if self.usage is not None:
             self.usage.capacity_throttled(user, client_id, direction, throttle_ms)
         if empty_fetch is not None:
             self._take_back_fetch(user, client_id, empty_fetch, fetch_bytes, now_ms, False)
         return Verdict(throttle_ms, direction, empty_fetch is None and fetch_bytes > 0, True)
+
+    def _unthrottle(self, user: str, client_id: str) -> None:
+        """A shadow throttle holds nothing, now or after a switch to enforce (hold_ms reads these)."""
+        for quota_type, manager in self.managers.items():
+            manager.unthrottle(user, "" if quota_type.user_only else client_id)
+        if self.capacity.active:
+            self.capacity.unthrottle(user, client_id)
 
     def _take_back_fetch(self, user: str, client_id: str, charge: Charge, fetch_bytes: int,
                          now_ms: int, capacity_tokens: bool) -> None:
@@ -352,6 +386,16 @@ class QuotaEngine:
     def charge_mutations(self, user: str, client_id: str, costs: Sequence[int], strict: bool,
                          now_ms: int) -> MutationVerdict:
         """Charge one mutation request's topics (partitions each, in order); see controller_mutation.py."""
+        if self.shadow.active and self.shadow.shadowed(user, client_id):
+            # every topic goes ahead in shadow, so every topic is charged, as a non-strict request's are
+            verdict = self.controller_mutation.charge_topics(user, client_id, costs, False, now_ms,
+                                                             shadow=True)
+            if verdict.throttle_ms > 0:
+                if self.usage is not None:
+                    self.usage.throttled(user, client_id, QuotaType.CONTROLLER_MUTATION, verdict.throttle_ms,
+                                         shadow=True)
+                self.shadow_log.add(user, client_id, QuotaType.CONTROLLER_MUTATION.value, verdict.throttle_ms)
+            return MutationVerdict(verdict.accepted, 0)
         verdict = self.controller_mutation.charge_topics(user, client_id, costs, strict, now_ms)
         if verdict.throttle_ms > 0 and self.usage is not None:
             self.usage.throttled(user, client_id, QuotaType.CONTROLLER_MUTATION, verdict.throttle_ms)

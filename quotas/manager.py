@@ -128,6 +128,9 @@ class Bucket:
     applies: bool = True
     throttle_total_ms: int = 0
     throttle_count: int = 0
+    #: the throttles computed and reported only, in shadow (shadow.py)
+    shadow_throttle_total_ms: int = 0
+    shadow_throttle_count: int = 0
     #: end of the latest throttle this bucket caused: until then, every connection charging
     #: the bucket holds such requests back (the proxy's scope is the whole cluster)
     throttled_until_ms: int = 0
@@ -492,6 +495,14 @@ class ClientQuotaManager:
             out.append(UsageEntry(quota, key.user, key.client_id, rate))
         return out
 
+    def unthrottle(self, user: str, client_id: str) -> None:
+        """Hold nothing for (user, client_id)'s bucket: its throttles were reported only (shadow.py),
+        and a switch to enforce must not apply one of them late. Its rate keeps every byte."""
+        found = self._lookup(user, client_id)
+        bucket = None if found is None else self.buckets.get(found.bucket)
+        if bucket is not None:
+            bucket.throttled_until_ms = 0
+
     def remaining_throttle_ms(self, user: str, client_id: str, now_ms: int) -> int:
         """How long (user, client_id)'s bucket stays throttled; 0 when it is not."""
         if now_ms + HOLD_HEAD_START_MS >= self.throttled_until_ms:  # no bucket is throttled now
@@ -516,14 +527,19 @@ class ClientQuotaManager:
             if bucket.tokens is not None:
                 bucket.tokens.unrecord(value, bucket.bound, now_ms)
 
-    def record_throttle(self, charge: Charge, throttle_ms: int, now_ms: int) -> None:
-        """Count a throttle this quota decided (Kafka's `throttle-time` sensor, avg and max)."""
+    def record_throttle(self, charge: Charge, throttle_ms: int, now_ms: int, *, shadow: bool = False) -> None:
+        """Count a throttle this quota decided (Kafka's `throttle-time` sensor, avg and max);
+        `shadow`: computed and reported, not applied (counted apart; the sensor records both)."""
         bucket = self.buckets.get(charge.bucket) if charge.bucket is not None else None
         if bucket is None:
             return
         if bucket.throttle is None:
             bucket.throttle = WindowedStat(self.window)
         bucket.throttle.record(throttle_ms, now_ms)
+        if shadow:
+            bucket.shadow_throttle_total_ms += throttle_ms
+            bucket.shadow_throttle_count += 1
+            return
         bucket.throttle_total_ms += throttle_ms
         bucket.throttle_count += 1
 
@@ -573,7 +589,8 @@ class ClientQuotaManager:
                 bucket.seen_ms = now_ms
                 recent[key] = bucket
                 continue
-            if bucket.throttle_count and last is not None and now_ms - last < self.idle_expiry_ms:
+            if ((bucket.throttle_count or bucket.shadow_throttle_count) and last is not None
+                    and now_ms - last < self.idle_expiry_ms):
                 bucket.rate.clear()
                 bucket.throttle = None  # its samples ended with the rate's (same window)
                 bucket.seen_ms = _DORMANT_SEEN_MS

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from .fair_share import validate_share
+from .shadow import validate_shadow
 
 
 class QuotaType(Enum):
@@ -58,6 +59,8 @@ class EntitySetting(Enum):
 
     #: kthrottle's weight of a tenant when the cluster capacity is shared (capacity.py)
     SHARE = "share"
+    #: decisions for the entity are computed and reported, not applied (shadow.py); 1.0 or 0.0
+    SHADOW = "shadow"
 
     def check(self, value: object, where: str) -> float:
         """The value, checked by the setting's one rule (ValueError names `where`, key and value)."""
@@ -67,6 +70,7 @@ class EntitySetting(Enum):
 #: Each setting's rule: (value, where) -> the value to keep, or ValueError naming both.
 SETTING_RULES: dict[EntitySetting, Callable[[object, str], float]] = {
     EntitySetting.SHARE: validate_share,
+    EntitySetting.SHADOW: validate_shadow,
 }
 
 #: What an entity's config may hold: its quotas and its settings.

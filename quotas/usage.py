@@ -30,7 +30,7 @@ class EntityUsage:
     """One entity's sums over one interval."""
 
     __slots__ = ("capacity_throttles", "fetch_bytes", "new_producer_ids", "produce_bytes",
-                 "request_time_ms", "requests", "throttles")
+                 "request_time_ms", "requests", "shadow_capacity_throttles", "shadow_throttles", "throttles")
 
     def __init__(self) -> None:
         self.produce_bytes = 0
@@ -43,6 +43,9 @@ class EntityUsage:
         self.throttles: dict[QuotaType, list[int]] = {}
         #: per direction: [throttle count, throttle time ms] the cluster capacity decided
         self.capacity_throttles: dict[QuotaType, list[int]] = {}
+        #: the same two, for throttles computed and reported only, in shadow (shadow.py)
+        self.shadow_throttles: dict[QuotaType, list[int]] = {}
+        self.shadow_capacity_throttles: dict[QuotaType, list[int]] = {}
 
     def add(self, other: EntityUsage) -> None:
         """Fold another entity's sums into this one."""
@@ -52,14 +55,14 @@ class EntityUsage:
             self.requests[api_key] = self.requests.get(api_key, 0) + count
         self.request_time_ms += other.request_time_ms
         self.new_producer_ids += other.new_producer_ids
-        for quota_type, (count, time_ms) in other.throttles.items():
-            mine = self.throttles.setdefault(quota_type, [0, 0])
-            mine[0] += count
-            mine[1] += time_ms
-        for direction, (count, time_ms) in other.capacity_throttles.items():
-            mine = self.capacity_throttles.setdefault(direction, [0, 0])
-            mine[0] += count
-            mine[1] += time_ms
+        for own, theirs in ((self.throttles, other.throttles),
+                            (self.capacity_throttles, other.capacity_throttles),
+                            (self.shadow_throttles, other.shadow_throttles),
+                            (self.shadow_capacity_throttles, other.shadow_capacity_throttles)):
+            for quota_type, (count, time_ms) in theirs.items():
+                mine = own.setdefault(quota_type, [0, 0])
+                mine[0] += count
+                mine[1] += time_ms
 
 
 @dataclass(slots=True)
@@ -131,14 +134,20 @@ class UsageAccount:
         """A throttled Fetch emptied of its records: its bytes were not delivered, nor charged."""
         self._entity(user, client_id).fetch_bytes -= fetch_bytes
 
-    def throttled(self, user: str, client_id: str, quota_type: QuotaType, throttle_ms: int) -> None:
-        """A throttle `quota_type` decided (the largest one of its request, as Kafka records)."""
-        _count(self._entity(user, client_id).throttles, quota_type, throttle_ms)
+    def throttled(self, user: str, client_id: str, quota_type: QuotaType, throttle_ms: int, *,
+                  shadow: bool = False) -> None:
+        """A throttle `quota_type` decided (the largest one of its request, as Kafka records);
+        `shadow`: computed and reported only (shadow.py), counted apart."""
+        entity = self._entity(user, client_id)
+        _count(entity.shadow_throttles if shadow else entity.throttles, quota_type, throttle_ms)
 
-    def capacity_throttled(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int) -> None:
+    def capacity_throttled(self, user: str, client_id: str, direction: QuotaType, throttle_ms: int, *,
+                           shadow: bool = False) -> None:
         """A throttle the cluster capacity decided (the tenant was above its fair share), counted
         apart from the quotas' throttles."""
-        _count(self._entity(user, client_id).capacity_throttles, direction, throttle_ms)
+        entity = self._entity(user, client_id)
+        _count(entity.shadow_capacity_throttles if shadow else entity.capacity_throttles, direction,
+               throttle_ms)
 
     def take(self, now_ms: int) -> UsageInterval:
         """The interval [start, now_ms) and a new one from now_ms; `now_ms` never goes back."""

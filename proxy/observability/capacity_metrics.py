@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector
 from quotas.adaptive_capacity import API_NAMES, REASONS, AdaptiveCapacity, FactorChange
 from quotas.capacity import CapacityManager
 
+from .metrics import ENFORCED, SHADOW
+
 OTHER = "__other__"
 #: the reason label of a change brought by a peer's lower factor
 FLEET = "fleet"
@@ -83,9 +85,9 @@ class CapacityMetrics(Collector):
                                    labels=labels)
         throttle_time = CounterMetricFamily("kthrottle_capacity_throttle_time_seconds",
                                             "Throttle time decided by the capacity (the tenant was above "
-                                            "its fair share)", labels=labels)
+                                            "its fair share)", labels=[*labels, "mode"])
         throttles = CounterMetricFamily("kthrottle_capacity_throttles",
-                                        "Responses throttled by the capacity", labels=labels)
+                                        "Responses throttled by the capacity", labels=[*labels, "mode"])
         if config is not None:
             for direction, value in config.static().items():
                 static.add_metric([direction.value], value)
@@ -95,7 +97,7 @@ class CapacityMetrics(Collector):
                 effective.add_metric([name], state.effective)
             total.add_metric([name], state.total_rate)
             contended.add_metric([name], 1.0 if state.contended else 0.0)
-            other = [0.0, 0.0, 0.0, 0, 0]
+            other = [0.0, 0.0, 0.0, 0, 0, 0, 0]
             weights = sum(flow.weight for flow in state.flows.values()) or 1.0
             for index, flow in enumerate(state.flows.values()):
                 fair = flow.allocation
@@ -108,6 +110,8 @@ class CapacityMetrics(Collector):
                     other[2] += fair
                     other[3] += flow.throttle_total_ms
                     other[4] += flow.throttle_count
+                    other[5] += flow.shadow_throttle_total_ms
+                    other[6] += flow.shadow_throttle_count
                     continue
                 tenant = [name, flow.key.user, flow.key.client_id]
                 demand.add_metric(tenant, flow.demand)
@@ -115,16 +119,22 @@ class CapacityMetrics(Collector):
                 weight.add_metric(tenant, flow.weight)
                 if state.effective is not None:
                     share.add_metric(tenant, fair)
-                throttle_time.add_metric(tenant, flow.throttle_total_ms / 1000.0)
-                throttles.add_metric(tenant, flow.throttle_count)
+                throttle_time.add_metric([*tenant, ENFORCED], flow.throttle_total_ms / 1000.0)
+                throttles.add_metric([*tenant, ENFORCED], flow.throttle_count)
+                if flow.shadow_throttle_count:
+                    throttle_time.add_metric([*tenant, SHADOW], flow.shadow_throttle_total_ms / 1000.0)
+                    throttles.add_metric([*tenant, SHADOW], flow.shadow_throttle_count)
             if len(state.flows) > self.max_entities:
                 tenant = [name, OTHER, OTHER]
                 demand.add_metric(tenant, other[0])
                 rate.add_metric(tenant, other[1])
                 if state.effective is not None:
                     share.add_metric(tenant, other[2])
-                throttle_time.add_metric(tenant, other[3] / 1000.0)
-                throttles.add_metric(tenant, other[4])
+                throttle_time.add_metric([*tenant, ENFORCED], other[3] / 1000.0)
+                throttles.add_metric([*tenant, ENFORCED], other[4])
+                if other[6]:
+                    throttle_time.add_metric([*tenant, SHADOW], other[5] / 1000.0)
+                    throttles.add_metric([*tenant, SHADOW], other[6])
         families += [static, effective, total, contended, demand, rate, share, weight, throttle_time,
                      throttles]
         if self.controller is not None:

@@ -23,6 +23,10 @@ from quotas.types import QuotaType
 
 OTHER = "__other__"
 
+#: The `mode` label of the throttle counters: applied, or computed and reported only (shadow).
+ENFORCED = "enforced"
+SHADOW = "shadow"
+
 #: name, help and unit conversion of the measured rate, per quota type
 _RATE_FAMILIES: dict[QuotaType, tuple[str, str]] = {
     QuotaType.PRODUCE: ("kthrottle_produce_byte_rate_bytes_per_second",
@@ -83,10 +87,12 @@ class QuotaCollector(Collector):
         throttle_max = GaugeMetricFamily(
             "kthrottle_throttle_time_max_seconds",
             "Largest throttle time over the quota window (kafka.server throttle-time max)", labels=labels)
+        # mode: "enforced", or "shadow" for throttles computed and reported only (quotas/shadow.py)
         throttle_total = CounterMetricFamily(
-            "kthrottle_throttle_time_seconds", "Throttle time decided by each quota", labels=labels)
+            "kthrottle_throttle_time_seconds", "Throttle time decided by each quota",
+            labels=[*labels, "mode"])
         throttles = CounterMetricFamily(
-            "kthrottle_throttles", "Responses throttled by each quota", labels=labels)
+            "kthrottle_throttles", "Responses throttled by each quota", labels=[*labels, "mode"])
         rates = {quota_type: GaugeMetricFamily(name, text, labels=labels)
                  for quota_type, (name, text) in _RATE_FAMILIES.items()}
         tokens = GaugeMetricFamily(
@@ -121,6 +127,10 @@ class QuotaCollector(Collector):
                         folded["max"] = max(folded.get("max", 0.0), peak / 1000.0)
                         folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
                         folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
+                        folded["shadow_total"] = (folded.get("shadow_total", 0.0)
+                                                  + bucket.shadow_throttle_total_ms / 1000.0)
+                        folded["shadow_count"] = (folded.get("shadow_count", 0.0)
+                                                  + bucket.shadow_throttle_count)
                         continue
                     values = [quota_type.value, key.user, key.client_id]
                     rates[quota_type].add_metric(values, rate)
@@ -130,8 +140,11 @@ class QuotaCollector(Collector):
                         limit.add_metric(values, bucket.bound)
                     throttle_avg.add_metric(values, avg / 1000.0)
                     throttle_max.add_metric(values, peak / 1000.0)
-                    throttle_total.add_metric(values, bucket.throttle_total_ms / 1000.0)
-                    throttles.add_metric(values, bucket.throttle_count)
+                    throttle_total.add_metric([*values, ENFORCED], bucket.throttle_total_ms / 1000.0)
+                    throttles.add_metric([*values, ENFORCED], bucket.throttle_count)
+                    if bucket.shadow_throttle_count:
+                        throttle_total.add_metric([*values, SHADOW], bucket.shadow_throttle_total_ms / 1000.0)
+                        throttles.add_metric([*values, SHADOW], bucket.shadow_throttle_count)
                     if manager is mutations and bucket.applies:
                         tokens.add_metric(values[1:], mutations.tokens(bucket, now))
             if folded:
@@ -140,8 +153,11 @@ class QuotaCollector(Collector):
                 if view is not None:
                     fleet_rates[quota_type].add_metric(values, folded["fleet"])
                 throttle_max.add_metric(values, folded["max"])
-                throttle_total.add_metric(values, folded["total"])
-                throttles.add_metric(values, folded["count"])
+                throttle_total.add_metric([*values, ENFORCED], folded["total"])
+                throttles.add_metric([*values, ENFORCED], folded["count"])
+                if folded["shadow_count"]:
+                    throttle_total.add_metric([*values, SHADOW], folded["shadow_total"])
+                    throttles.add_metric([*values, SHADOW], folded["shadow_count"])
         buckets = GaugeMetricFamily("kthrottle_quota_buckets",
                                     "Live quota buckets per quota type (bounded by max_quota_buckets)",
                                     labels=["quota"])

@@ -9,12 +9,15 @@ Event (schema 1; key: the JSON array [user, client_id]):
      "requests": {"Produce": 10, ...}, "request_time_ms", "new_producer_ids",
      "throttles": {"producer_byte_rate": {"count", "time_ms"}},
      "capacity_throttles": {"producer_byte_rate": {"count", "time_ms"}},
+     "shadow_throttles": {...}, "shadow_capacity_throttles": {...},
      "quotas": {"producer_byte_rate": 1e6}}
 
 `throttles` counts the throttles a quota decided, under that quota's key; `capacity_throttles` the
 ones the cluster capacity decided (the tenant was above its fair share), under the direction's
 quota key, in the same shape. A response throttled by both is counted once, under the larger
-(quotas.engine). Both are `{}` when nothing was throttled.
+(quotas.engine). Both are `{}` when nothing was throttled. `shadow_throttles` and
+`shadow_capacity_throttles`, in the same shape, count the throttles computed for an entity in shadow
+(quotas/shadow.py): what enforcing would have given, which the client did not get.
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def build_event(identity: dict[str, Any], interval: UsageInterval, user: str, cl
                       for quota_type, (count, time_ms) in usage.throttles.items()},
         "capacity_throttles": {direction.value: {"count": count, "time_ms": time_ms}
                                for direction, (count, time_ms) in usage.capacity_throttles.items()},
+        "shadow_throttles": {quota_type.value: {"count": count, "time_ms": time_ms}
+                             for quota_type, (count, time_ms) in usage.shadow_throttles.items()},
+        "shadow_capacity_throttles": {
+            direction.value: {"count": count, "time_ms": time_ms}
+            for direction, (count, time_ms) in usage.shadow_capacity_throttles.items()},
         "quotas": quotas,
     }
     if folded:

@@ -212,18 +212,23 @@ def wait_for_topic_on_every_broker(bootstrap: str, topic: str, partitions: int, 
                    f"broker {broker.id} to lead/know every partition of {topic}")
 
 
-def acks0_produce_body(topic: str, value: bytes) -> bytes:
-    """The body of a Produce v9 request with acks=0 and one record for partition 0 of `topic`."""
+def produce_body(topic: str, value: bytes, acks: int = 1, timeout_ms: int = 30_000) -> bytes:
+    """The body of a Produce v9 request with one record (key b"k") for partition 0 of `topic`."""
     from kafka.protocol.producer import ProduceRequest
     from kafka.record.memory_records import MemoryRecordsBuilder
 
-    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=max(1 << 16, len(value) + 1024))
     builder.append(timestamp=1_700_000_000_000, key=b"k", value=value)
     builder.close()
     T = ProduceRequest.TopicProduceData
     data = [T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]
-    request = ProduceRequest[9](transactional_id=None, acks=0, timeout_ms=30_000, topic_data=data)
+    request = ProduceRequest[9](transactional_id=None, acks=acks, timeout_ms=timeout_ms, topic_data=data)
     return bytes(request.encode())
+
+
+def acks0_produce_body(topic: str, value: bytes) -> bytes:
+    """`produce_body` with acks=0: the broker sends no answer."""
+    return produce_body(topic, value, acks=0)
 
 
 #: what a broker answers about a partition it does not lead yet (a topic made a moment ago)

@@ -125,5 +125,8 @@ class QuotaProxy(RunningProxy):
         return samples
 
     def metric(self, name: str, **labels: str) -> float:
-        """One sample's value (0 when the series does not exist yet)."""
-        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+        """One series' value, or the sum of the series whose labels include `labels` (the throttle
+        counters' `mode` then sums enforced and shadow); 0 when there is none yet."""
+        want = set(labels.items())
+        return sum(value for (got, series), value in self.metrics().items()
+                   if got == name and want <= set(series))

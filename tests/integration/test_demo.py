@@ -25,7 +25,7 @@ MEASURE_S = 20.0
 MAX_CORES = 0.10
 #: The demo's quota in deploy/quotas.toml (client_id = "demo", producer_byte_rate).
 DEMO_QUOTA = 102400
-DEMO = (("client_id", "demo"), ("quota", "producer_byte_rate"), ("user", ""))
+DEMO = (("client_id", "demo"), ("mode", "enforced"), ("quota", "producer_byte_rate"), ("user", ""))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
-from kafka.record.memory_records import MemoryRecordsBuilder
+from kafka.protocol.producer import ProduceResponse
 
 from harness.local_kafka import LocalKafka
 from protocol.frames import frame
 from protocol.headers import encode_request_header
+from tests.integration.clients import produce_body
 from tests.integration.fuzz import _read_frame
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import report
@@ -35,23 +35,12 @@ CLIENT = "capped-producer"
 BROKER_SLACK_S = 1.0
 
 
-def _body(topic: str) -> bytes:
-    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=RECORD_BYTES + 1024)
-    builder.append(timestamp=1_700_000_000_000, key=b"k", value=b"v" * RECORD_BYTES)
-    builder.close()
-    data = ProduceRequest[9].TopicProduceData
-    records = bytes(builder.buffer())
-    request = ProduceRequest[9](transactional_id=None, acks=1, timeout_ms=10_000, topic_data=[
-        data(name=topic, partition_data=[data.PartitionProduceData(index=0, records=records)])])
-    return bytes(request.encode())
-
-
 def _produce(proxy: QuotaProxy, topic: str, count: int) -> list[tuple[int, float]]:
     """`count` Produce requests one after another to partition 0's leader through `proxy`: each
     answer's throttle_time_ms and how long it took to come (s)."""
     leader = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, timeout=15) \
         .topics[topic].partitions[0].leader
-    body = _body(topic)
+    body = produce_body(topic, b"v" * RECORD_BYTES, timeout_ms=10_000)
     answers: list[tuple[int, float]] = []
     with socket.create_connection(("127.0.0.1", proxy.node_port(leader)), timeout=30) as sock:
         for correlation_id in range(count):

@@ -80,6 +80,9 @@ def _read_events(bootstrap: str, topic: str) -> list[tuple[bytes, dict[str, Any]
 
 
 def _counter(samples: dict[Any, float], name: str, **labels: str) -> float:
+    """The enforced throttles' series (the counters' `mode` label), or any other exact series."""
+    if name.startswith("kthrottle_throttle"):
+        labels = {**labels, "mode": "enforced"}
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 

@@ -483,8 +483,9 @@ def test_metrics_export_the_mutation_rate_tokens_and_throttles() -> None:
     sample = metrics.registry.get_sample_value
     labels = {"quota": "controller_mutation_rate", "user": "", "client_id": CLIENT}
     assert sample("kthrottle_controller_mutation_rate_per_second", labels) is not None
-    assert sample("kthrottle_throttle_time_seconds_total", labels) == 5.0
-    assert sample("kthrottle_throttles_total", labels) == 1.0
+    assert sample("kthrottle_throttle_time_seconds_total", {**labels, "mode": "enforced"}) == 5.0
+    assert sample("kthrottle_throttles_total", {**labels, "mode": "enforced"}) == 1.0
+    assert sample("kthrottle_throttles_total", {**labels, "mode": "shadow"}) is None
     assert sample("kthrottle_quota_limit", labels) == 10.0
     tokens = sample("kthrottle_controller_mutation_tokens", {"user": "", "client_id": CLIENT})
     assert tokens is not None and -50.0 <= tokens <= 100.0

@@ -53,7 +53,7 @@ def test_share_is_stored_described_and_resolved_like_a_quota() -> None:
     assert apply_changes(table, plan.changes) == {GOLD: {QuotaType.PRODUCE: 1000.0}}
     engine = QuotaEngine()
     engine.set_quotas(table)
-    assert engine.settings == {EntitySetting.SHARE: {GOLD: 3.0}}
+    assert engine.settings == {EntitySetting.SHARE: {GOLD: 3.0}, EntitySetting.SHADOW: {}}
     assert engine.quotas_for("", "gold") == {QuotaType.PRODUCE: 1000.0}, "not a quota"
     assert engine.capacity.tenant("u", "gold") == (("", "gold"), 3.0)
 

@@ -233,6 +233,7 @@ def test_event_json_follows_schema_1() -> None:
         "throttles": {"producer_byte_rate": {"count": 1, "time_ms": 1500}},
         "capacity_throttles": {"producer_byte_rate": {"count": 2, "time_ms": 500},
                                "consumer_byte_rate": {"count": 1, "time_ms": 40}},
+        "shadow_throttles": {}, "shadow_capacity_throttles": {},
         "quotas": {"producer_byte_rate": 1048576.0},
     }
     anonymous = json.loads(records[b'["ANONYMOUS",""]'])
