@@ -18,6 +18,8 @@ import json
 import os
 import shlex
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -33,13 +35,16 @@ import confluent_kafka
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from kafka.protocol.metadata import ApiVersionsRequest
 
 from harness.kafka_jars import KAFKA_VERSION
 from harness.local_kafka import LocalKafka
+from protocol.apis import ApiKey
+from protocol.headers import encode_request_header
 
-from .clients import topic_name, wait_until
+from .clients import recv_exact, topic_name, wait_until
 from .conftest import JAVA_PRODUCER_PERF, QUOTA_SETTINGS, KafkaJava
-from .proxies import REPO, QuotaProxy
+from .proxies import REPO, QuotaProxy, RunningProxy, free_port_block
 
 RDKAFKA, JAVA, RDKAFKA_B = "rdkafka-conn", "java-conn", "rdkafka-b"
 RDKAFKA_RATE = 400_000  # bytes per second offered
@@ -301,3 +306,51 @@ def test_top_connections_view_under_tmux(bed: Bed, tmp_path: Path) -> None:
         top.wait_for(lambda ls: "EXIT=0" in ls, 15, "top quitting on q with status 0")
     finally:
         top.close()
+
+
+# -- run --workers N: each worker answers for its own connections ----------------------------------
+
+
+def _api_versions_v3(sock: socket.socket, client_id: str) -> None:
+    """ApiVersions v3 naming the software "kthrottle-test" 1.0 (KIP-511), and its answer read."""
+    request = ApiVersionsRequest(client_software_name="kthrottle-test", client_software_version="1.0")
+    frame = encode_request_header(ApiKey.API_VERSIONS, 3, 1, client_id) + bytes(request.encode(version=3))
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+    (size,) = struct.unpack(">i", recv_exact(sock, 4))
+    recv_exact(sock, size)
+
+
+def test_each_worker_lists_its_own_connections(kafka_cluster: LocalKafka) -> None:
+    """With --workers 2 the kernel spreads connections over the workers; worker i's /connections on
+    metrics_port + i lists its own, so the two lists are disjoint and together hold every one."""
+    metrics_port = free_port_block(2)
+    with RunningProxy(kafka_cluster.bootstrap, extra_args=["--workers", "2", "--metrics-port",
+                                                           str(metrics_port)]) as proxy:
+        deadline = time.monotonic() + 30
+        while proxy.log().count("bootstrap.servers=") < 2:
+            assert time.monotonic() < deadline, f"not every worker started:\n{proxy.log()[-3000:]}"
+            time.sleep(0.1)
+        # a client id no terminal should see raw, and a plain one per connection
+        ids = [f"worker-test-{i}" for i in range(7)] + ["evil\x1b[2J\x07"]
+        socks = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in ids]
+        try:
+            for sock, client_id in zip(socks, ids, strict=True):
+                _api_versions_v3(sock, client_id)
+            seen: dict[str, int] = {}
+            for worker in (0, 1):
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + worker}/connections",
+                                            timeout=10) as response:
+                    raw = response.read()
+                assert b"\x1b" not in raw and b"\x07" not in raw, "control characters escaped"
+                answer = json.loads(raw)
+                assert answer["worker"] == worker
+                for row in answer["connections"]:
+                    assert row["client_id"] not in seen, f"{row['client_id']!r} on both workers"
+                    seen[row["client_id"]] = worker
+                    assert (row["client_software_name"], row["client_software_version"]) == ("kthrottle-test",
+                                                                                             "1.0")
+            print({client_id: worker for client_id, worker in seen.items()})
+            assert sorted(seen) == sorted(ids)
+        finally:
+            for sock in socks:
+                sock.close()
