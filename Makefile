@@ -28,7 +28,7 @@ RUN_ARGS ?= --config deploy/quotas.toml --metrics-port 9300 --demo
 run: $(STAMP) kafka
 	$(VENV)/bin/kthrottle run $(or $(ARGS),$(RUN_ARGS))
 
-# Debian's docker-compose, prometheus and haproxy, which the tests run (see the script).
+# Debian's docker-compose, prometheus, haproxy and tmux, which the tests run (see the script).
 tools:
 	bash harness/install_tools.sh
 

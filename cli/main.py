@@ -201,17 +201,20 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
             if server.capacity_metrics is not None:
                 server.capacity_metrics.refresh(int(time.monotonic() * 1000))
 
-        endpoint = HttpEndpoint(server.metrics.registry, refresh, server.ready)
+        from proxy.observability.connections import ConnectionsView
+        from proxy.supervisor.workers import worker_index
+
+        # /connections: this process's own connections (with --workers, each worker's port its own)
+        connections = ConnectionsView(server.sessions, worker_index())
+        endpoint = HttpEndpoint(server.metrics.registry, refresh, server.ready, connections.answer)
         try:
             await endpoint.start(None, settings.metrics_port)  # every interface, as before
         except OSError as exc:
-            from proxy.supervisor.workers import worker_index
-
             index = worker_index()
             setting = f"metrics_port + {index}, for worker {index}" if index else "metrics_port"
             raise BindError(("0.0.0.0", settings.metrics_port), setting, exc) from exc
         print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
-              "(health: /healthz, /ready)", flush=True)
+              "(health: /healthz, /ready; connections: /connections)", flush=True)
     await server.start()
     host, port = server.bootstrap_address
     protocol = " with security.protocol=SSL (or SASL_SSL)" if settings.tls is not None else ""

@@ -45,6 +45,8 @@ from .charging import (
 )
 from .charging import QuotaVerdict as QuotaVerdict  # re-exported: it was defined here
 from .client_quotas import QUOTA_ADMIN_APIS, decode_quota_admin_request
+from .client_software import FIRST_VERSION as SOFTWARE_FIRST_VERSION
+from .client_software import ClientSoftware, read_client_software
 from .errors import ProtocolError
 from .fetch_partitions import PartitionThrottlePolicy, throttle_fetch
 from .frames import DEFAULT_MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, FrameSplitter
@@ -150,6 +152,8 @@ class ProxyConnection:
         self.principal: str = ANONYMOUS
         self.authenticated_mechanism: str | None = None
         self.client_id: str | None = None
+        #: the library and version the client named in ApiVersions v3+ (KIP-511); None until then
+        self.client_software: ClientSoftware | None = None
         #: requests read but not yet acted on: they arrived while the connection was muted or
         #: behind a quota admin request being answered or a lookup (a broker reads none of them then)
         self._deferred: list[bytes] = []
@@ -520,6 +524,8 @@ class ProxyConnection:
                 sasl.handshake_request(frame, header)
             elif header.api_key == ApiKey.SASL_AUTHENTICATE:
                 sasl.authenticate_request(frame, header)
+            elif header.api_key == ApiKey.API_VERSIONS and header.api_version >= SOFTWARE_FIRST_VERSION:
+                self.client_software = read_client_software(frame, header) or self.client_software
             if expects_response:
                 self._in_flight.append(entry)
             upstream += (_size(len(frame)), frame)

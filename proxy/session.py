@@ -29,7 +29,10 @@ from protocol.connection import (
     ToClient,
 )
 from protocol.frames import TLS_ON_PLAINTEXT
+from quotas.recent_traffic import RecentTraffic
 
+from .acceptor import listener_name
+from .observability.connections import ConnectionRow
 from .ordered_writer import OrderedWriter, now_ms
 from .session_context import SessionContext
 from .tls import (
@@ -113,6 +116,11 @@ class ClientSession(asyncio.Protocol):
         self._to_client = OrderedWriter()
         self._to_broker = OrderedWriter()
         self._ip = client[0]
+        self._port = client[1]
+        #: bytes each way over the last few seconds, for /connections (a few integer operations per read)
+        self.traffic = RecentTraffic(now_ms())
+        #: the throttle time last decided for this connection (ms), for /connections
+        self._last_throttle_ms = 0
         #: counted by the connection limits (the acceptor admitted it; released once, when it ends)
         self._admitted = True
         self._setup_timer: asyncio.TimerHandle | None = None
@@ -281,10 +289,12 @@ class ClientSession(asyncio.Protocol):
             # uvloop starts reading after connection_made returns, whatever it asked: pause here,
             # so what waits for the broker connection is one read, not everything the client sends.
             self._pending.append(data)
+            self.traffic.received(len(data), now_ms())
             if self.transport is not None:
                 self.transport.pause_reading()
             return
         self._feed(self.conn.receive_from_client, data, "client")
+        self.traffic.received(len(data), self._last_active)
         self._account()
 
     def _feed(self, receive: Callable[[bytes, float], list[Action]], data: bytes, side: str) -> None:
@@ -462,12 +472,14 @@ class ClientSession(asyncio.Protocol):
                 self._to_broker.write(action.chunks, action.delay_ms)
             elif isinstance(action, ToClient):
                 self._to_client.write(action.chunks, action.delay_ms)
+                self.traffic.sent(sum(map(len, action.chunks)), self._last_active)
             elif isinstance(action, Mute):
                 self._mute(action.ms)
             elif isinstance(action, AwaitSlot):
                 self._block("slot")
             elif isinstance(action, Throttled):
                 self.server.metrics.throttled.labels(api_name(action.api_key)).inc()
+                self._last_throttle_ms = action.throttle_ms
                 log.debug("%s throttled %s for %d ms (principal %r, client id %r)", self.conn.name,
                           api_name(action.api_key), action.throttle_ms, self.conn.principal,
                           self.conn.client_id)
@@ -499,6 +511,23 @@ class ClientSession(asyncio.Protocol):
         self._execute(self.conn.answer_quota_admin(response, now_ms()))
         self._unblock("quota-admin")
         self._account()
+
+    # -- /connections ---------------------------------------------------------------------------
+
+    def describe(self, now: float) -> ConnectionRow:
+        """This connection as /connections shows it (read on the event loop, between callbacks)."""
+        conn = self.conn
+        software = conn.client_software
+        bytes_in, bytes_out = self.traffic.rates(now)
+        return ConnectionRow(
+            connection=conn.name, address=self._ip, port=self._port, listener=listener_name(self.node_id),
+            principal=conn.principal, client_id=conn.client_id,
+            software_name=software.name if software is not None else None,
+            software_version=software.version if software is not None else None,
+            age_seconds=max(now - self.traffic.started_ms, 0.0) / 1000.0,
+            bytes_in_per_second=bytes_in, bytes_out_per_second=bytes_out,
+            throttle_ms=max(int(self._muted_until - now), 0) if self._unmute is not None else 0,
+            last_throttle_ms=self._last_throttle_ms)
 
     def close(self, reason: str, *, kind: str = "other", level: int = logging.WARNING) -> None:
         """Close both sides; `kind` labels kthrottle_connections_closed, `reason` is logged."""

@@ -2,7 +2,9 @@
 
 The thin I/O half: fetch each `--metrics` URL (in parallel, each with a timeout, so one slow or
 dead proxy never holds the others), keep the previous scrape for the counters' rates, read keys
-and draw top/view.py's lines with curses. `--once` prints one screen to stdout instead.
+and draw top/view.py's lines with curses. `--once` prints one screen to stdout instead. In the
+connections view (`c`, or `--connections`) it reads each proxy's `/connections` instead
+(top/connections.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TextIO
 
+from top.connections import (
+    MAX_CONNECTIONS_BYTES,
+    ConnectionsScrape,
+    ConnectionsView,
+    build_connections_view,
+    connections_url,
+    parse_connections,
+    render_connections,
+)
 from top.figures import (
     DEFAULT_SORT,
     SORT_KEYS,
@@ -72,6 +83,20 @@ def fetch(url: str, timeout: float = SCRAPE_TIMEOUT_S) -> Scrape:
         return Scrape(url, time.monotonic(), error=str(exc) or type(exc).__name__)
 
 
+def fetch_connections(url: str, timeout: float = SCRAPE_TIMEOUT_S) -> ConnectionsScrape:
+    """One proxy's `/connections` (`url` is its metrics URL); a failure becomes the scrape's error."""
+    try:
+        with urllib.request.urlopen(connections_url(url), timeout=timeout) as response:
+            body = response.read(MAX_CONNECTIONS_BYTES)
+        return parse_connections(url, body.decode("utf-8", errors="replace"))
+    except urllib.error.HTTPError as exc:
+        return ConnectionsScrape(url, error=f"HTTP {exc.code} {exc.reason}")
+    except urllib.error.URLError as exc:
+        return ConnectionsScrape(url, error=str(exc.reason))
+    except (OSError, ValueError, TypeError) as exc:  # timeouts, resets, malformed answers
+        return ConnectionsScrape(url, error=str(exc) or type(exc).__name__)
+
+
 class Scraper:
     """Scrapes every endpoint together and keeps, per endpoint, the last scrape that answered."""
 
@@ -89,6 +114,11 @@ class Scraper:
                 self.previous[scrape.url] = scrape
         return view
 
+    def refresh_connections(self) -> ConnectionsView:
+        """Every proxy's `/connections` at once, merged busiest first."""
+        return build_connections_view(list(self._pool.map(lambda url: fetch_connections(url, self.timeout),
+                                                          self.urls)))
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -101,9 +131,19 @@ def run_once(urls: Sequence[str], interval: float, state: ViewState, width: int,
              out: TextIO) -> int:
     """Two scrapes `interval` apart (so throttle counters have a rate), one screen to `out`.
 
-    Exit status 0 when at least one proxy answered, 1 when none did.
+    Exit status 0 when at least one proxy answered, 1 when none did. The connections view needs
+    one read (the proxies measure the rates).
     """
     scraper = Scraper(urls)
+    if state.connections:
+        try:
+            connections = scraper.refresh_connections()
+        finally:
+            scraper.close()
+        for line in render_connections(connections, state.filter, None, width, height, _clock()):
+            out.write(line.text + "\n")
+        out.flush()
+        return 0 if any(p.error is None for p in connections.proxies) else 1
     try:
         scraper.refresh()
         time.sleep(interval)
@@ -119,31 +159,60 @@ def run_once(urls: Sequence[str], interval: float, state: ViewState, width: int,
 class _Refresher(threading.Thread):
     """Scrapes every `interval` on its own thread, so keys answer at once while a proxy is slow."""
 
-    def __init__(self, scraper: Scraper, interval: float) -> None:
+    def __init__(self, scraper: Scraper, interval: float, connections: bool = False) -> None:
         super().__init__(name="top-refresh", daemon=True)
         self.scraper = scraper
         self.interval = interval
         self.stopping = threading.Event()
         self.fresh = threading.Event()
+        #: refresh now, not after the interval (the operator switched views)
+        self.wake = threading.Event()
+        #: which view to refresh: the connections (True) or the tenants
+        self.connections = connections
         self._lock = threading.Lock()
         self._view: View | None = None
+        self._connections: ConnectionsView | None = None
 
     def run(self) -> None:
         while not self.stopping.is_set():
             started = time.monotonic()
-            try:
-                view = self.scraper.refresh()
-            except Exception as exc:  # a bug must show on the screen, not freeze it
-                view = View([], [ProxyRow("kthrottle top", error=f"internal error: {exc!r}")],
-                            ProxyRow("total"))
-            with self._lock:
-                self._view = view
+            self.wake.clear()
+            if self.connections:
+                try:
+                    connections = self.scraper.refresh_connections()
+                except Exception as exc:  # a bug must show on the screen, not freeze it
+                    connections = ConnectionsView([], [ConnectionsScrape("kthrottle top",
+                                                                         error=f"internal error: {exc!r}")])
+                with self._lock:
+                    self._connections = connections
+            else:
+                try:
+                    view = self.scraper.refresh()
+                except Exception as exc:  # a bug must show on the screen, not freeze it
+                    view = View([], [ProxyRow("kthrottle top", error=f"internal error: {exc!r}")],
+                                ProxyRow("total"))
+                with self._lock:
+                    self._view = view
             self.fresh.set()
-            self.stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self.wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def switch(self, connections: bool) -> None:
+        """Refresh the other view from now on, at once."""
+        if connections != self.connections:
+            self.connections = connections
+            self.wake.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
 
     def view(self) -> View | None:
         with self._lock:
             return self._view
+
+    def connections_view(self) -> ConnectionsView | None:
+        with self._lock:
+            return self._connections
 
 
 def _key_name(code: int) -> str | None:
@@ -198,7 +267,7 @@ def _interactive(screen: curses.window, urls: Sequence[str], interval: float, st
     styles = _styles()
     screen.timeout(KEY_POLL_MS)
     scraper = Scraper(urls)
-    refresher = _Refresher(scraper, interval)
+    refresher = _Refresher(scraper, interval, state.connections)
     refresher.start()
     try:
         dirty = True
@@ -206,11 +275,9 @@ def _interactive(screen: curses.window, urls: Sequence[str], interval: float, st
             if refresher.fresh.is_set():
                 refresher.fresh.clear()
                 dirty = True
-            view = refresher.view()
             if dirty:
                 height, width = screen.getmaxyx()
-                lines = (render(view, state, width, height, _clock()) if view is not None
-                         else [Line(f"kthrottle top: reading {len(urls)} endpoint(s)...", "title")][:height])
+                lines = _screen(refresher, state, width, height, len(urls))
                 _draw(screen, lines, styles)
                 dirty = False
             code = screen.getch()
@@ -222,10 +289,24 @@ def _interactive(screen: curses.window, urls: Sequence[str], interval: float, st
             key = _key_name(code)
             if key is not None:
                 state = press(state, key)
+                refresher.switch(state.connections)
     finally:
-        refresher.stopping.set()
+        refresher.stop()
         scraper.close()
     return 0
+
+
+def _screen(refresher: _Refresher, state: ViewState, width: int, height: int, endpoints: int) -> list[Line]:
+    """The current view's lines, or a line saying it is being read."""
+    if state.connections:
+        connections = refresher.connections_view()
+        if connections is not None:
+            return render_connections(connections, state.filter, state.editing, width, height, _clock())
+    else:
+        view = refresher.view()
+        if view is not None:
+            return render(view, state, width, height, _clock())
+    return [Line(f"kthrottle top: reading {endpoints} endpoint(s)...", "title")][:height]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -239,6 +320,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="initial sort: " + ", ".join(f"{k} {v.title}" for k, v in SORT_KEYS.items()))
     parser.add_argument("--filter", default="",
                         help="show only tenants whose user or client-id contains this")
+    parser.add_argument("--connections", action="store_true",
+                        help="start in the connections view (each proxy's /connections; key c switches)")
     parser.add_argument("--once", action="store_true",
                         help="print one screen to stdout (two scrapes --interval apart) and exit")
     parser.add_argument("--width", type=int, help="--once: line width (default: the terminal's, else 160)")
@@ -255,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print(f"kthrottle top: --interval must be positive, not {args.interval}", file=sys.stderr)
         return 2
-    state = ViewState(sort=args.sort, filter=args.filter)
+    state = ViewState(sort=args.sort, filter=args.filter, connections=args.connections)
     if args.once:
         width = args.width or (shutil.get_terminal_size().columns if sys.stdout.isatty() else ONCE_WIDTH)
         return run_once(urls, args.interval, state, width, args.height, sys.stdout)

@@ -32,13 +32,15 @@ from top.figures import (
 
 @dataclass(frozen=True)
 class ViewState:
-    """What the operator chose: sort, filter, and the filter being typed (None when not typing)."""
+    """What the operator chose: sort, filter, the filter being typed (None when not typing), and
+    which view: tenants, or connections (top/connections.py)."""
 
     sort: str = DEFAULT_SORT
     reverse: bool = False
     filter: str = ""
     editing: str | None = None
     quit: bool = False
+    connections: bool = False
 
 
 ENTER = "\n"
@@ -64,6 +66,10 @@ def press(state: ViewState, key: str) -> ViewState:
         return replace(state, editing=state.filter)
     if key == ESCAPE:
         return replace(state, filter="")
+    if key == "c":
+        return replace(state, connections=not state.connections)
+    if state.connections:  # one order there: busiest first
+        return state
     if key in SORT_KEYS:
         reverse = not state.reverse if key == state.sort else False
         return replace(state, sort=key, reverse=reverse)
@@ -249,8 +255,8 @@ def _proxy_text(row: ProxyRow) -> str:
     return text
 
 
-HELP = ("q quit  / filter (Esc clears)  sort: b bytes  p produce  f fetch  r request  u quota use  "
-        "t throttle  n name (again: reverse)")
+HELP = ("q quit  / filter (Esc clears)  c connections  sort: b bytes  p produce  f fetch  r request  "
+        "u quota use  t throttle  n name (again: reverse)")
 
 
 def render(view: View, state: ViewState, width: int, height: int | None, clock: str = "") -> list[Line]:

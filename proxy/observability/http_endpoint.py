@@ -1,4 +1,5 @@
-"""The metrics port: /metrics (Prometheus), /healthz (alive) and /ready (a broker is reachable).
+"""The metrics port: /metrics (Prometheus), /healthz (alive), /ready (a broker is reachable) and
+/connections (who is connected, connections.py).
 
 Served on the event loop, not on a thread of its own: the quota state it reports is only ever
 read by the loop that changes it, so a scrape never sees a half-updated bucket (prometheus-
@@ -24,14 +25,18 @@ MAX_HTTP_CONNECTIONS = 16
 #: A scrape must send its request line and headers within this time, in at most this many bytes.
 HTTP_REQUEST_TIMEOUT_S = 5.0
 MAX_HTTP_REQUEST_BYTES = 8192
+_STATUS = {200: "200 OK", 400: "400 Bad Request"}
 
 
 class HttpEndpoint:
     """A small HTTP/1.1 server for the metrics port (one request per connection)."""
 
     def __init__(self, registry: CollectorRegistry, refresh: Callable[[], Awaitable[None]],
-                 ready: Callable[[], tuple[bool, str]]) -> None:
+                 ready: Callable[[], tuple[bool, str]],
+                 connections: Callable[[str], Awaitable[tuple[int, bytes]]] | None = None) -> None:
+        """`connections`: answers /connections from its query string with (status, JSON body)."""
         self.registry = registry
+        self._connections = connections
         self._refresh = refresh
         self._ready = ready
         self._open = 0
@@ -76,7 +81,7 @@ class HttpEndpoint:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_REQUEST_TIMEOUT_S)
         method, _, rest = head.partition(b" ")
         target = rest.partition(b" ")[0].decode("latin-1")
-        path = target.partition("?")[0]
+        path, _, query = target.partition("?")
         if method not in (b"GET", b"HEAD"):
             status, body, kind = "405 Method Not Allowed", b"GET only\n", "text/plain"
         elif path == "/metrics" or path == "/":
@@ -87,8 +92,12 @@ class HttpEndpoint:
             ready, why = self._ready()
             status = "200 OK" if ready else "503 Service Unavailable"
             body, kind = f"{why}\n".encode(), "text/plain"
+        elif path == "/connections" and self._connections is not None:
+            code, body = await self._connections(query)
+            status, kind = _STATUS[code], "application/json" if code == 200 else "text/plain"
         else:
-            status, body, kind = "404 Not Found", b"try /metrics, /healthz or /ready\n", "text/plain"
+            status, body, kind = ("404 Not Found", b"try /metrics, /healthz, /ready or /connections\n",
+                                  "text/plain")
         writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
                      "Connection: close\r\n\r\n".encode())
         if method != b"HEAD":
