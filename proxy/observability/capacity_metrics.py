@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from quotas.adaptive_capacity import API_NAMES, REASONS, AdaptiveCapacity, FactorChange
 from quotas.capacity import CapacityManager
+from quotas.entity import client_id_label
 
 OTHER = "__other__"
 #: the reason label of a change brought by a peer's lower factor
@@ -109,7 +110,7 @@ class CapacityMetrics(Collector):
                     other[3] += flow.throttle_total_ms
                     other[4] += flow.throttle_count
                     continue
-                tenant = [name, flow.key.user, flow.key.client_id]
+                tenant = [name, flow.key.user, client_id_label(flow.key.client_id)]
                 demand.add_metric(tenant, flow.demand)
                 rate.add_metric(tenant, fleet_rate)
                 weight.add_metric(tenant, flow.weight)

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 from quotas.engine import QuotaEngine
+from quotas.entity import client_id_label
 from quotas.manager import Bucket
 from quotas.types import QuotaType
 
@@ -122,7 +123,8 @@ class QuotaCollector(Collector):
                         folded["total"] = folded.get("total", 0.0) + bucket.throttle_total_ms / 1000.0
                         folded["count"] = folded.get("count", 0.0) + bucket.throttle_count
                         continue
-                    values = [quota_type.value, key.user, key.client_id]
+                    # a client-id prefix's bucket shows as `etl-*` (entity.client_id_label)
+                    values = [quota_type.value, key.user, client_id_label(key.client_id)]
                     rates[quota_type].add_metric(values, rate)
                     if view is not None:
                         fleet_rates[quota_type].add_metric(values, fleet_rate)
