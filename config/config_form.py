@@ -82,9 +82,9 @@ def entity_for_path(path: str) -> QuotaEntity:
         return QuotaEntity(_entity_name(parts[1]), _entity_name(parts[3]))
     if len(parts) == 2 and parts[0] == "clients":
         return QuotaEntity(None, _entity_name(parts[1]))
-    if len(parts) == 2 and parts[0] == PREFIXES and parts[1]:
+    if len(parts) == 2 and parts[0] == PREFIXES and parts[1] not in ("", DEFAULT):
         return QuotaEntity(None, None, None, desanitize(parts[1]))
-    if len(parts) == 4 and parts[0] == "users" and parts[2] == PREFIXES and parts[3]:
+    if len(parts) == 4 and parts[0] == "users" and parts[2] == PREFIXES and parts[3] not in ("", DEFAULT):
         return QuotaEntity(_entity_name(parts[1]), None, None, desanitize(parts[3]))
     if len(parts) == 2 and parts[0] == "ips":
         return QuotaEntity(None, None, parse_ip_entity(_entity_name(parts[1])))

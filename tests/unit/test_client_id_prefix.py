@@ -338,8 +338,9 @@ def test_prefix_entity_paths_round_trip(entity: QuotaEntity, path: str) -> None:
     assert entity_for_path(path) == entity
 
 
-@pytest.mark.parametrize("path", ["client-id-prefix/", "users/alice/client-id-prefix/", "client-id-prefix"])
-def test_an_empty_prefix_path_is_not_an_entity(path: str) -> None:
+@pytest.mark.parametrize("path", ["client-id-prefix/", "users/alice/client-id-prefix/", "client-id-prefix",
+                                  "client-id-prefix/<default>", "users/<default>/client-id-prefix/<default>"])
+def test_an_empty_or_default_prefix_path_is_not_an_entity(path: str) -> None:
     with pytest.raises(ValueError):
         entity_for_path(path)
 
