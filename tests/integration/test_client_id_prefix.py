@@ -1,7 +1,7 @@
 """Client-id prefix entities (Redpanda's `client-id-prefix`) through a real `kthrottle run`, the
 real KRaft cluster and librdkafka producers: two client ids under one prefix share its quota while
-an exact client-id quota beats the prefix, with the quotas set through the admin API and through
-ZooKeeper.
+an exact client-id quota beats the prefix, with the quotas set through the admin API, through
+ZooKeeper, and through the quota topic of a two-member fleet.
 
 The admin API is driven by `cli.quotas` (kafka-python's request classes): confluent-kafka 2.16 has
 no client-quota methods, and Kafka's kafka-configs knows only users, clients and ips as entity types.
@@ -10,8 +10,10 @@ no client-quota methods, and Kafka's kafka-configs knows only users, clients and
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,42 @@ def test_a_prefix_quota_written_in_zookeeper_is_shared_and_one_set_through_the_a
         assert alter(proxy.bootstrap, [({"user": "CN=a b", "client-id-prefix": "ops/"},
                                         [("consumer_byte_rate", 0.0, True)])]) == [(0, None)]
         assert kz.exists(f"{chroot}/config/users/CN%3Da%20b") is None
+
+
+def test_a_prefix_quota_in_the_quota_topic_holds_its_client_ids_together_across_a_fleet(
+    kafka_cluster: LocalKafka, tmp_path: Path
+) -> None:
+    """Two members (quota topic, UDP exchange): the prefix quota set through A is one record keyed
+    by its path; etl-a through A and etl-b through B share it, since the prefix's bucket key
+    travels between them."""
+    from .test_fleet import GreedyProducer
+    from .test_quota_topic import KafkaFleet, topic_records
+
+    with ExitStack() as stack:
+        fleet = KafkaFleet(stack, kafka_cluster.bootstrap, tmp_path, 2)
+        a, b = fleet.start()
+        for member in (a, b):
+            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 2, 15, "2 members")
+        assert alter(a.bootstrap, [({"client-id-prefix": "etl-"},
+                                    [("producer_byte_rate", float(PREFIX_QUOTA), False)])]) == [(0, None)]
+        wait_until(lambda: describe(b.bootstrap, client_id_prefix="etl-") == [
+            ({"client-id-prefix": "etl-"}, {"producer_byte_rate": float(PREFIX_QUOTA)})], 10,
+            "the prefix quota through B")
+        keys = [key for key, _value, _headers in topic_records(kafka_cluster.bootstrap, fleet.topic)]
+        assert b"client-id-prefix/etl-" in keys, keys
+
+        topic = _topic(a.bootstrap)
+        started = time.monotonic()
+        producers = {"etl-a": GreedyProducer(a.bootstrap, topic, started, client_id="etl-a"),
+                     "etl-b": GreedyProducer(b.bootstrap, topic, started, client_id="etl-b")}
+        for producer in producers.values():
+            stack.callback(producer.stop, True)
+        time.sleep(RUN_S)
+        for producer in producers.values():
+            producer.stop()
+        rate = _assert_shared({c: p.result for c, p in producers.items()},
+                              "prefix quota from the quota topic, across 2 members")
+        assert rate > 0
+        for member in (a, b):
+            assert member.metric("kthrottle_quota_limit", quota="producer_byte_rate", user="",
+                                 client_id="etl-*") == PREFIX_QUOTA
