@@ -157,40 +157,48 @@ _V = TypeVar("_V")
 def resolve_entity(quotas: Mapping[QuotaEntity, _V], prefixes: PrefixIndex, user: str,
                    client_id: str) -> tuple[QuotaEntity, BucketKey, _V] | None:
     """The entity that governs (user, client_id) with its bucket key and value (see the table
-    above); None when none does. Builds only the key it returns."""
+    above); None when none does. Each entity is built once and only the key returned is built:
+    this runs for every new (user, client-id), a flood of client ids included."""
     if not quotas:
         return None
+    get = quotas.get
     for entity_user in (user, DEFAULT):
         # levels 1-4, then 5-8
-        value = quotas.get(QuotaEntity(entity_user, client_id))
+        entity = QuotaEntity(entity_user, client_id)
+        value = get(entity)
         if value is not None:
-            return QuotaEntity(entity_user, client_id), BucketKey(user, client_id), value
+            return entity, BucketKey(user, client_id), value
         if prefixes:
             prefix = prefixes.longest(entity_user, client_id)
             if prefix is not None:
                 entity = QuotaEntity(entity_user, None, None, prefix)
-                value = quotas.get(entity)
+                value = get(entity)
                 if value is not None:
                     return entity, BucketKey(user, prefix_bucket_client_id(prefix)), value
-        for entity_client in (DEFAULT, None):
-            value = quotas.get(QuotaEntity(entity_user, entity_client))
-            if value is not None:
-                key = BucketKey(user, client_id if entity_client == DEFAULT else "")
-                return QuotaEntity(entity_user, entity_client), key, value
+        entity = QuotaEntity(entity_user, DEFAULT)
+        value = get(entity)
+        if value is not None:
+            return entity, BucketKey(user, client_id), value
+        entity = QuotaEntity(entity_user, None)
+        value = get(entity)
+        if value is not None:
+            return entity, BucketKey(user, ""), value
     # levels 9-11
-    value = quotas.get(QuotaEntity(None, client_id))
+    entity = QuotaEntity(None, client_id)
+    value = get(entity)
     if value is not None:
-        return QuotaEntity(None, client_id), BucketKey("", client_id), value
+        return entity, BucketKey("", client_id), value
     if prefixes:
         prefix = prefixes.longest(None, client_id)
         if prefix is not None:
             entity = QuotaEntity(None, None, None, prefix)
-            value = quotas.get(entity)
+            value = get(entity)
             if value is not None:
                 return entity, BucketKey("", prefix_bucket_client_id(prefix)), value
-    value = quotas.get(QuotaEntity(None, DEFAULT))
+    entity = QuotaEntity(None, DEFAULT)
+    value = get(entity)
     if value is not None:
-        return QuotaEntity(None, DEFAULT), BucketKey("", client_id), value
+        return entity, BucketKey("", client_id), value
     return None
 
 
