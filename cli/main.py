@@ -400,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         client = action.add_mutually_exclusive_group()
         client.add_argument("--client-id")
         client.add_argument("--default-client-id", action="store_true", help="the <default> client-id")
+        client.add_argument("--client-id-prefix", metavar="PREFIX",
+                            help="every client id starting with PREFIX (Redpanda's client-id-prefix entity)")
         if name == "set":
             action.add_argument("quotas", nargs="+", metavar="KEY=VALUE",
                                 help="e.g. producer_byte_rate=1048576 request_percentage=50")

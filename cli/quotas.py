@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-#: An entity as {"user": name, "client-id": name}; None is the default entity.
+#: An entity as {"user": name, "client-id": name} (or "client-id-prefix": prefix); None is the default
+#: entity.
 Entity = dict[str, str | None]
 #: (key, value, remove)
 Op = tuple[str, float, bool]
@@ -39,7 +40,8 @@ def _send(bootstrap: str, request: Any, **config: Any) -> Any:
 def describe(
     bootstrap: str, *, strict: bool = False, **selector_and_config: Any
 ) -> list[tuple[Entity, dict[str, float]]]:
-    """Entities and their quotas; `user=` / `client_id=` select (None = the default entity).
+    """Entities and their quotas; `user=` / `client_id=` / `client_id_prefix=` select (None = the
+    default entity).
 
     Raises PermissionError when the proxy refuses (CLUSTER_AUTHORIZATION_FAILED), RuntimeError
     for any other error, with the proxy's message.
@@ -47,7 +49,8 @@ def describe(
     from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest as Req
 
     components = []
-    for arg, entity_type in (("user", "user"), ("client_id", "client-id")):
+    for arg, entity_type in (("user", "user"), ("client_id", "client-id"),
+                             ("client_id_prefix", "client-id-prefix")):
         if arg in selector_and_config:
             name = selector_and_config.pop(arg)
             components.append(
@@ -111,6 +114,8 @@ def _entity_from_args(args: Any) -> Entity:
         entity["client-id"] = None
     elif args.client_id is not None:
         entity["client-id"] = args.client_id
+    if getattr(args, "client_id_prefix", None) is not None:
+        entity["client-id-prefix"] = args.client_id_prefix
     return entity
 
 
@@ -139,7 +144,7 @@ def _connection_config(args: Any) -> dict[str, Any]:
 
 
 def _selector(entity: Entity) -> dict[str, str | None]:
-    return {("user" if kind == "user" else "client_id"): name for kind, name in entity.items()}
+    return {kind.replace("-", "_"): name for kind, name in entity.items()}
 
 
 def _number(value: float) -> str:
@@ -172,7 +177,7 @@ def run_command(args: Any) -> int:
             return 0
         if not entity:
             print("kthrottle quotas: name an entity: --user/--default-user and/or "
-                  "--client-id/--default-client-id", file=sys.stderr)
+                  "--client-id/--default-client-id/--client-id-prefix", file=sys.stderr)
             return 2
         ops: list[Op] = []
         if args.action == "set":

@@ -26,7 +26,7 @@ from quotas.entity import DEFAULT, QuotaEntity
 from quotas.ip_entities import IpEntityError, parse_ip_entity
 from quotas.types import CONFIG_KEYS, ConfigKey
 
-from .quotas import QuotaConfigError, validate_value
+from .quotas import QuotaConfigError, check_client_id_prefix, validate_value
 
 #: Kafka error codes the admin quota APIs answer with.
 NONE = 0
@@ -36,6 +36,10 @@ UNSUPPORTED_VERSION = 35
 INVALID_REQUEST = 42
 
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
+#: Redpanda's entity type for a client-id prefix (kthrottle's extension of Kafka's API)
+CLIENT_ID_PREFIX = "client-id-prefix"
+#: The entity types the admin API knows.
+ENTITY_TYPES = (USER, CLIENT_ID, CLIENT_ID_PREFIX, IP)
 
 #: A change to one entity: a new value, or None to remove the key.
 Changes = Mapping[QuotaEntity, Mapping[ConfigKey, float | None]]
@@ -57,6 +61,8 @@ def entity_parts(entity: QuotaEntity) -> EntityParts:
         parts.append((USER, None if entity.user == DEFAULT else entity.user))
     if entity.client_id is not None:
         parts.append((CLIENT_ID, None if entity.client_id == DEFAULT else entity.client_id))
+    if entity.client_id_prefix is not None:
+        parts.append((CLIENT_ID_PREFIX, entity.client_id_prefix))
     return tuple(parts)
 
 
@@ -78,7 +84,7 @@ def describe(table: QuotaTable, request: DescribeQuotas) -> list[DescribedEntry]
         if kind in exact or kind in specified:
             raise AdminError(INVALID_REQUEST,
                              f"Entity type {kind} cannot appear more than once in the filter.")
-        if kind not in (USER, CLIENT_ID, IP):
+        if kind not in ENTITY_TYPES:
             raise AdminError(UNSUPPORTED_VERSION, f"Unsupported entity type {kind}")
         if component.match_type == MATCH_EXACT:
             if component.match is None:
@@ -97,9 +103,10 @@ def describe(table: QuotaTable, request: DescribeQuotas) -> list[DescribedEntry]
             specified.add(kind)
         else:
             raise AdminError(INVALID_REQUEST, f"Unknown match type {component.match_type}")
-    if (IP in exact or IP in specified) and ({USER, CLIENT_ID} & (set(exact) | specified)):
+    if (IP in exact or IP in specified) and ({USER, CLIENT_ID, CLIENT_ID_PREFIX} & (set(exact) | specified)):
         raise AdminError(INVALID_REQUEST, "Invalid entity filter component combination. IP filter component "
-                                          "should not be used with user or clientId filter component.")
+                                          "should not be used with user, clientId or clientIdPrefix filter "
+                                          "component.")
     found: list[DescribedEntry] = []
     for entity in sorted(table, key=_sort_key):
         values = table[entity]
@@ -125,8 +132,8 @@ def _canonical_ip(name: str) -> str:
         return name  # matches nothing
 
 
-def _sort_key(entity: QuotaEntity) -> tuple[str, str, str]:
-    return (entity.user or "", entity.client_id or "", entity.ip or "")
+def _sort_key(entity: QuotaEntity) -> tuple[str, str, str, str]:
+    return (entity.user or "", entity.client_id or "", entity.client_id_prefix or "", entity.ip or "")
 
 
 def _key_name(item: tuple[ConfigKey, float]) -> str:
@@ -144,7 +151,7 @@ def _entity(parts: EntityParts) -> QuotaEntity:
         if kind in names:
             raise AdminError(INVALID_REQUEST,
                              f"Invalid empty client quota entity, duplicate entity entry {kind}")
-        if kind not in (USER, CLIENT_ID, IP):
+        if kind not in ENTITY_TYPES:
             raise AdminError(INVALID_REQUEST, f"Unhandled client quota entity type: {kind}")
         if name is not None and not name:
             raise AdminError(INVALID_REQUEST, f"Empty {kind} not supported")
@@ -164,6 +171,20 @@ def _entity(parts: EntityParts) -> QuotaEntity:
             raise AdminError(INVALID_REQUEST,
                              f"{names[IP]} is not a valid IP or resolvable host: {exc}") from exc
         return QuotaEntity(None, None, ip)
+    if CLIENT_ID_PREFIX in names:
+        prefix = names[CLIENT_ID_PREFIX]
+        if prefix is None:
+            raise AdminError(INVALID_REQUEST, f"{CLIENT_ID_PREFIX} has no default entity: name a prefix, or "
+                                              f"use the default {CLIENT_ID} for every client id")
+        if CLIENT_ID in names:
+            raise AdminError(INVALID_REQUEST, "Invalid quota entity combination: "
+                                              f"{CLIENT_ID_PREFIX}={prefix} cannot be combined with "
+                                              f"{CLIENT_ID}={names[CLIENT_ID] or DEFAULT}")
+        try:
+            check_client_id_prefix(prefix, f"{CLIENT_ID_PREFIX}={prefix}")
+        except QuotaConfigError as exc:
+            raise AdminError(INVALID_REQUEST, str(exc)) from exc
+        return QuotaEntity(named(USER), None, None, prefix)
     return QuotaEntity(named(USER), named(CLIENT_ID))
 
 

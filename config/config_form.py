@@ -9,6 +9,11 @@ live. Pure: strings and bytes in and out.
     users/<user>/clients/<client-id>          (user, client-id) entity
     clients/<client-id>                       client-id entity
     ips/<ip>                                  ip entity (KIP-612), an address or <default>
+    client-id-prefix/<prefix>                 client-id prefix entity (kthrottle's extension)
+    users/<user>/client-id-prefix/<prefix>    (user, client-id prefix) entity (likewise)
+
+Kafka has no client-id prefix entity; the paths are the ones Redpanda's documentation gives its
+``client-id-prefix`` entities, a prefix sanitized as a client id is (so ``<default>`` never names one).
 
 Names are sanitized as Kafka's ``Sanitizer`` does; a CIDR prefix writes its "/" as "%2F". A config
 document is ``{"version":1,"config":{"producer_byte_rate":"1024","request_percentage":"50.0"}}``:
@@ -32,6 +37,9 @@ from .quotas import QuotaConfigError, validate_value
 #: The version field of an entity config document (Kafka's ``ConfigEntityZNode``).
 CONFIG_VERSION = 1
 
+#: The path component of client-id prefix entities (Redpanda's name for them).
+PREFIXES = "client-id-prefix"
+
 _LONG_MAX = 2**63 - 1
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -47,6 +55,11 @@ def entity_path(entity: QuotaEntity) -> str:
     """Kafka's sanitized entity path under /config: ``users/alice/clients/app``, ``clients/<default>``."""
     if entity.ip is not None:
         return f"ips/{entity.ip.replace('/', '%2F')}"
+    if entity.client_id_prefix is not None:
+        if not entity.client_id_prefix:
+            raise QuotaConfigError("a client-id prefix must not be empty")
+        prefix = f"{PREFIXES}/{sanitize(entity.client_id_prefix)}"
+        return prefix if entity.user is None else f"users/{_path_name(entity.user)}/{prefix}"
     if entity.user is not None and entity.client_id is not None:
         return f"users/{_path_name(entity.user)}/clients/{_path_name(entity.client_id)}"
     if entity.user is not None:
@@ -69,6 +82,10 @@ def entity_for_path(path: str) -> QuotaEntity:
         return QuotaEntity(_entity_name(parts[1]), _entity_name(parts[3]))
     if len(parts) == 2 and parts[0] == "clients":
         return QuotaEntity(None, _entity_name(parts[1]))
+    if len(parts) == 2 and parts[0] == PREFIXES and parts[1] not in ("", DEFAULT):
+        return QuotaEntity(None, None, None, desanitize(parts[1]))
+    if len(parts) == 4 and parts[0] == "users" and parts[2] == PREFIXES and parts[3] not in ("", DEFAULT):
+        return QuotaEntity(_entity_name(parts[1]), None, None, desanitize(parts[3]))
     if len(parts) == 2 and parts[0] == "ips":
         return QuotaEntity(None, None, parse_ip_entity(_entity_name(parts[1])))
     raise ValueError(f"{path!r} is not a quota entity path")

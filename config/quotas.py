@@ -60,30 +60,52 @@ def validate_value(entity: QuotaEntity, key: str, value: Any) -> tuple[ConfigKey
         raise QuotaConfigError(f"{where}: {key} = {value!r} must be greater than 0")
     if quota_type.integral and not number.is_integer():
         raise QuotaConfigError(f"{where}: {key} = {value!r} must be a whole number of bytes per second")
-    if quota_type.user_only and (entity.user is None or entity.client_id is not None):
+    if quota_type.user_only and (entity.user is None or entity.client_id is not None
+                                 or entity.client_id_prefix is not None):
         raise QuotaConfigError(f"{where}: {key} = {value!r} applies to user entities only")
     return quota_type, number
 
 
 #: The keys of a `[[quota]]` table that name its entity rather than a quota.
-ENTITY_KEYS = ("user", "client_id", "ip")
+ENTITY_KEYS = ("user", "client_id", "client_id_prefix", "ip")
 
 
 def _entity(table: dict[str, Any], index: int) -> QuotaEntity:
     user = table.get("user")
     client_id = table.get("client_id")
+    prefix = table.get("client_id_prefix")
     ip = table.get("ip")
-    for name, value in (("user", user), ("client_id", client_id), ("ip", ip)):
+    for name, value in (("user", user), ("client_id", client_id), ("client_id_prefix", prefix), ("ip", ip)):
         if value is not None and (not isinstance(value, str) or not value):
             raise QuotaConfigError(f"quota #{index}: {name} = {value!r} must be a non-empty string")
     if ip is not None:
-        if user is not None or client_id is not None:
-            raise QuotaConfigError(f"quota #{index}: ip = {ip!r} cannot be combined with user or client_id "
-                                   "(Kafka: an IP entity is not combined with User or ClientId)")
+        if user is not None or client_id is not None or prefix is not None:
+            raise QuotaConfigError(f"quota #{index}: ip = {ip!r} cannot be combined with user, client_id or "
+                                   "client_id_prefix (Kafka: an IP entity is not combined with User or "
+                                   "ClientId)")
         return QuotaEntity(None, None, ip_entity_name(ip, f"quota #{index}"))
+    if prefix is not None:
+        check_client_id_prefix(prefix, f"quota #{index}")
+        if client_id is not None:
+            raise QuotaConfigError(f"quota #{index}: client_id_prefix = {prefix!r} cannot be combined with "
+                                   f"client_id = {client_id!r} (an entity names a client id exactly or by "
+                                   "its prefix, not both)")
+        return QuotaEntity(user, None, None, prefix)
     if user is None and client_id is None:
-        raise QuotaConfigError(f"quota #{index}: names neither a user, a client_id nor an ip")
+        raise QuotaConfigError(f"quota #{index}: names neither a user, a client_id, a client_id_prefix "
+                               "nor an ip")
     return QuotaEntity(user, client_id)
+
+
+def check_client_id_prefix(prefix: str, where: str) -> None:
+    """A client-id prefix names some client ids: never empty (it would be every client id, which
+    `client_id = "<default>"` already says, at its own level) and never `<default>`."""
+    if not prefix:
+        raise QuotaConfigError(f"{where}: client_id_prefix = {prefix!r} must not be empty (for every client "
+                               'id, write client_id = "<default>")')
+    if prefix == DEFAULT:
+        raise QuotaConfigError(f"{where}: client_id_prefix = {prefix!r}: a prefix has no default entity "
+                               '(for every client id, write client_id = "<default>")')
 
 
 def ip_entity_name(name: str, where: str) -> str:
@@ -125,5 +147,6 @@ def load_quota_file(path: Path) -> QuotaTable:
 
 
 __all__ = [
-    "DEFAULT", "QuotaConfigError", "ip_entity_name", "load_quota_file", "parse_quotas", "validate_value",
+    "DEFAULT", "QuotaConfigError", "check_client_id_prefix", "ip_entity_name", "load_quota_file",
+    "parse_quotas", "validate_value",
 ]

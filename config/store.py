@@ -70,7 +70,8 @@ def _toml_number(value: float) -> str:
 def render(table: QuotaTable, header: str = "") -> str:
     """`[[quota]]` tables for a quota table, entities in a stable order."""
     lines = [header] if header else []
-    for entity in sorted(table, key=lambda e: (e.user or "", e.client_id or "", e.ip or "")):
+    for entity in sorted(table, key=lambda e: (e.user or "", e.client_id or "", e.client_id_prefix or "",
+                                               e.ip or "")):
         lines.append("[[quota]]")
         if entity.ip is not None:
             lines.append(f"ip = {_toml_string(entity.ip)}")
@@ -78,6 +79,8 @@ def render(table: QuotaTable, header: str = "") -> str:
             lines.append(f"user = {_toml_string(entity.user)}")
         if entity.client_id is not None:
             lines.append(f"client_id = {_toml_string(entity.client_id)}")
+        if entity.client_id_prefix is not None:
+            lines.append(f"client_id_prefix = {_toml_string(entity.client_id_prefix)}")
         for quota_type, value in sorted(table[entity].items(), key=lambda item: item[0].value):
             lines.append(f"{quota_type.value} = {_toml_number(value)}")
         lines.append("")

@@ -40,6 +40,7 @@ from quotas.entity import QuotaEntity
 from quotas.types import ConfigKey
 
 from .config_form import (
+    PREFIXES,
     check_value,
     decode_config,
     encode_config,
@@ -221,6 +222,9 @@ class ZooKeeperQuotas:
         path = f"{self._root}/{relative}"
         changes = changes_path(self._root)
         notification = change_notification(relative)
+        # No notification for a client-id prefix: a ZooKeeper-mode broker would read
+        # users/<u>/client-id-prefix/<p> as client id <p> of user <u>. kthrottle watches the nodes.
+        notify = entity.client_id_prefix is None
         for _attempt in range(ALTER_ATTEMPTS):
             data, stat = self._get_or_none(client, path)
             try:
@@ -235,7 +239,8 @@ class ZooKeeperQuotas:
                     config.pop(quota_type.value, None)
                 else:
                     config[quota_type.value] = format_value(quota_type, value)
-            self._wait(client.ensure_path_async(changes))
+            if notify:
+                self._wait(client.ensure_path_async(changes))
             txn = client.transaction()
             if config or (stat is not None and stat.numChildren > 0):
                 if stat is None:
@@ -246,7 +251,8 @@ class ZooKeeperQuotas:
             elif stat is not None:
                 for delete_path, version in self._empty_nodes(client, relative, path, stat):
                     txn.delete(delete_path, version=version)
-            txn.create(f"{changes}/{CHANGE_PREFIX}", notification, sequence=True)
+            if notify:
+                txn.create(f"{changes}/{CHANGE_PREFIX}", notification, sequence=True)
             results = self._wait(txn.commit_async())
             failures = [r for r in results if isinstance(r, Exception)]
             if not failures:
@@ -267,6 +273,7 @@ class ZooKeeperQuotas:
         doomed = [(path, stat.version)]
         client_id = client_of_user(relative)
         if client_id is not None:  # users/<u>/clients/<c>: the clients node, then the user node, may go too
+            # (users/<u>/client-id-prefix/<p> likewise)
             clients_path = path.rsplit("/", 1)[0]
             if self._wait(client.get_children_async(clients_path)) == [client_id]:
                 doomed.append((clients_path, -1))
@@ -338,22 +345,27 @@ class ZooKeeperQuotas:
             data_reads[f"clients/{client_id}"] = client.get_async(f"{root}/clients/{client_id}", watch=watch)
         for ip in self._children(client, f"{root}/ips"):
             data_reads[f"ips/{ip}"] = client.get_async(f"{root}/ips/{ip}", watch=watch)
-        client_lists: dict[str, IAsyncResult] = {}
+        for prefix in self._children(client, f"{root}/{PREFIXES}"):
+            relative = f"{PREFIXES}/{prefix}"
+            data_reads[relative] = client.get_async(f"{root}/{relative}", watch=watch)
+        client_lists: dict[tuple[str, str], IAsyncResult] = {}
         for user, result in user_reads.items():
             try:
-                if "clients" in self._wait(result):
-                    client_lists[user] = client.get_children_async(
-                        f"{root}/users/{user}/clients", watch=watch
-                    )
+                kinds = self._wait(result)
             except NoNodeError:
                 continue  # deleted since listed: its watch has already scheduled another read
-        for user, result in client_lists.items():
+            for kind in ("clients", PREFIXES):  # client ids, and client-id prefixes (kthrottle's)
+                if kind in kinds:
+                    client_lists[(user, kind)] = client.get_children_async(
+                        f"{root}/users/{user}/{kind}", watch=watch
+                    )
+        for (user, kind), result in client_lists.items():
             try:
                 names = self._wait(result)
             except NoNodeError:
                 continue
             for client_id in names:
-                relative = f"users/{user}/clients/{client_id}"
+                relative = f"users/{user}/{kind}/{client_id}"
                 data_reads[relative] = client.get_async(f"{root}/{relative}", watch=watch)
         found: dict[str, bytes] = {}
         for relative, result in data_reads.items():

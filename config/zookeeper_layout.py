@@ -9,13 +9,18 @@ broker and a proxy (or many proxies) can read the same quotas. The nodes, under 
     /config/users/<user>/clients/<client-id>          (user, client-id) entity
     /config/clients/<client-id>                       client-id entity
     /config/ips/<ip>                                  ip entity (KIP-612), an address or <default>
+    /config/client-id-prefix/<prefix>                 client-id prefix entity (kthrottle's extension)
+    /config/users/<user>/client-id-prefix/<prefix>    (user, client-id prefix) entity (likewise)
     /config/changes/config_change_<seq>               change notifications for ZooKeeper-mode brokers
 
 An entity's path below /config and its node data are Kafka's config form, shared with the Kafka topic
 source (``config/config_form.py``): an ip entity's node is named by the address as Kafka names it (not
 sanitized), a CIDR prefix, which Kafka does not have, writes its "/" as "%2F" (``ips/10.1.0.0%2F16``),
 since a znode name cannot hold a "/". User and client-id names are sanitized in paths (Kafka's
-``Sanitizer``); ``<default>`` names a default entity. Node data is
+``Sanitizer``); ``<default>`` names a default entity. Kafka has no client-id prefix entity: kthrottle keeps
+its own under the name Redpanda's documentation uses (``client-id-prefix``), where a ZooKeeper-mode broker
+never looks (and writes no change notification for them: a broker would read
+``users/<u>/client-id-prefix/<p>`` as client id ``<p>`` of user ``<u>``). Node data is
 ``{"version":1,"config":{"producer_byte_rate":"1024","request_percentage":"50.0"}}``. User nodes also
 hold SCRAM credentials (``SCRAM-SHA-256`` ...), which a reader ignores and a writer keeps.
 """
@@ -68,7 +73,7 @@ def is_change_notification(name: str) -> bool:
 
 
 def client_of_user(relative: str) -> str | None:
-    """The client-id node name of a (user, client-id) entity's path, else None.
+    """The client-id (or client-id prefix) node name of a (user, client-id) entity's path, else None.
 
     Kafka (3.5+) deletes such a node's ``clients`` parent, and then the user node, when they are left
     empty (``tryCleanQuotaNodes``).

@@ -59,7 +59,7 @@ from typing import NamedTuple
 
 from .adaptive_capacity import CONTROLLERS, AdaptiveConfig
 from .capacity_factor import CapacityFactor
-from .entity import BucketKey, QuotaEntity, resolve
+from .entity import BucketKey, PrefixIndex, QuotaEntity, prefix_bucket_entities, resolve
 from .fair_share import Claim, water_fill
 from .fleet import PeerUsage, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate
@@ -275,6 +275,7 @@ class CapacityManager:
         self._states: dict[str, DirectionState] = {}
         #: `share` entities in force (Kafka's precedence resolves them)
         self.shares: dict[QuotaEntity, float] = {}
+        self._share_prefixes = PrefixIndex(())
         self._tenants: dict[tuple[str, str], tuple[BucketKey, float]] = {}
         #: the adaptive factor in force and what it scales without a static capacity (its
         #: `controller` is set by the I/O layer, proxy/capacity/live.py)
@@ -321,6 +322,7 @@ class CapacityManager:
     def set_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
         """The `share` entities in force; every live tenant takes its new weight at once."""
         self.shares = dict(shares)
+        self._share_prefixes = PrefixIndex(self.shares)
         self._tenants = {}
         for state in self._states.values():
             state.clients = {}
@@ -331,7 +333,7 @@ class CapacityManager:
         """The tenant (user, client-id) belongs to and its weight (cached until shares change)."""
         found = self._tenants.get((user, client_id))
         if found is None:
-            resolved = resolve(self.shares, user, client_id) if self.shares else None
+            resolved = resolve(self.shares, user, client_id, self._share_prefixes) if self.shares else None
             found = resolved if resolved is not None else (BucketKey(user, client_id), 1.0)
             if len(self._tenants) >= 4 * self.max_tenants:
                 self._tenants = {}
@@ -340,7 +342,13 @@ class CapacityManager:
 
     def _weight(self, key: BucketKey) -> float:
         """The weight of a tenant known by its key (a peer's, or one whose shares changed)."""
-        return 1.0 if key == OVERFLOW_TENANT else self.tenant(key.user, key.client_id)[1]
+        if key == OVERFLOW_TENANT:
+            return 1.0
+        for entity in prefix_bucket_entities(key):  # a client-id prefix's tenant names no client id
+            share = self.shares.get(entity)
+            if share is not None:
+                return share
+        return self.tenant(key.user, key.client_id)[1]
 
     def capacity(self, direction: QuotaType) -> float | None:
         """The capacity in force for `direction` now: the static one, or the learned one while

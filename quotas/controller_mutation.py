@@ -207,7 +207,7 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
         bucket = self.buckets.get(key)
         if bucket is not None:
             return key, bucket
-        found = self._lookup(key.user, key.client_id)
+        found = self.resolve_key(key)
         if found is None or found.bucket != key:
             for held_key, held in self.buckets.items():  # a long name travels as its digest
                 if (wire_name(held_key.user), wire_name(held_key.client_id)) == key:

@@ -42,7 +42,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .entity import DEFAULT, BucketKey, QuotaEntity
+from .entity import (
+    DEFAULT,
+    BucketKey,
+    PrefixIndex,
+    QuotaEntity,
+    bucket_prefix,
+    prefix_bucket_entities,
+    resolve_entity,
+)
 from .fleet import DELTA_CHANGE_OF_BOUND, URGENT_CHANGE_RATIO, PeerView, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from .throttle import bounded_throttle_time_ms, throttle_time_ms
@@ -75,7 +83,7 @@ EXPIRY_BUDGET = 2048
 #: hot path pays one comparison per charge; expiry may then come this much later than due.
 REORDER_INTERVAL_MS = 1000
 
-#: The resolution cache (8 levels walked per new (user, client-id)) is cleared when it reaches
+#: The resolution cache (11 levels walked per new (user, client-id)) is cleared when it reaches
 #: this many entries, or the bucket cap if lower (an entry costs ~220 B, a third of a bucket).
 _RESOLVED_MAX = 100_000
 
@@ -162,23 +170,14 @@ class Charge(NamedTuple):
 UNLIMITED = Charge(None, float("inf"), 0.0, 0)
 
 
-def _resolve(quotas: dict[QuotaEntity, float], user: str, client_id: str) -> Resolution | None:
-    """Kafka's eight levels, first match wins (see entity.py); builds only the key it returns."""
-    for entity_user, entity_client, shared in (
-        (user, client_id, None), (user, DEFAULT, None), (user, None, "user"),
-        (DEFAULT, client_id, None), (DEFAULT, DEFAULT, None), (DEFAULT, None, "user"),
-        (None, client_id, "client"), (None, DEFAULT, "client"),
-    ):
-        bound = quotas.get(QuotaEntity(entity_user, entity_client))
-        if bound is not None:
-            if shared is None:
-                key = BucketKey(user, client_id)
-            elif shared == "user":
-                key = BucketKey(user, "")
-            else:
-                key = BucketKey("", client_id)
-            return Resolution(key, bound, DEFAULT in (entity_user, entity_client))
-    return None
+def _resolve(quotas: dict[QuotaEntity, float], prefixes: PrefixIndex, user: str,
+             client_id: str) -> Resolution | None:
+    """Kafka's eight levels and the client-id prefix levels, first match wins (see entity.py)."""
+    found = resolve_entity(quotas, prefixes, user, client_id)
+    if found is None:
+        return None
+    entity, key, bound = found
+    return Resolution(key, bound, DEFAULT in (entity.user, entity.client_id))
 
 
 class ClientQuotaManager:
@@ -207,12 +206,14 @@ class ClientQuotaManager:
         self.max_buckets = max_buckets
         self.idle_expiry_ms = idle_expiry_ms
         self.quotas: dict[QuotaEntity, float] = {}
+        #: the client-id prefixes among `quotas`, for longest-prefix matching
+        self.prefixes = PrefixIndex(())
         self.buckets: dict[BucketKey, Bucket] = {}
         #: buckets with history or a throttle in force, least recently charged first
         self._recent: OrderedDict[BucketKey, Bucket] = OrderedDict()
         #: buckets that throttled, kept without samples for their counters, oldest first
         self._dormant: OrderedDict[BucketKey, Bucket] = OrderedDict()
-        #: (user, client-id) -> its resolution; walking 8 levels per charge is too slow, so it is
+        #: (user, client-id) -> its resolution; walking 11 levels per charge is too slow, so it is
         #: cached until the quotas change (bounded: cleared when it reaches its limit)
         self._resolved: dict[tuple[str, str], Resolution | None] = {}
         self._resolved_max = min(_RESOLVED_MAX, max_buckets) if max_buckets else _RESOLVED_MAX
@@ -241,12 +242,18 @@ class ClientQuotaManager:
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
         self.quotas = dict(quotas)
+        self.prefixes = PrefixIndex(self.quotas)
         self._retire_cache()
         # Kafka updates the quota of existing sensors at once. A bucket whose key no longer
         # applies keeps its history (the key may come back) until it idles out, but has no bound.
         for key, bucket in self.buckets.items():
             user = bucket.member_user
-            found = self._lookup(user, bucket.member_client_id) if user is not None else None
+            if user is None:
+                found = None
+            elif bucket_prefix(bucket.member_client_id) is not None:
+                found = self.resolve_key(key)  # a peer's bucket, known by its key only
+            else:
+                found = self._lookup(user, bucket.member_client_id)
             bucket.applies = found is not None and found.bucket == key
             if found is not None and bucket.applies:
                 bucket.bound = found.bound
@@ -260,11 +267,20 @@ class ClientQuotaManager:
             pass
         if len(self._resolved) >= self._resolved_max:
             self._retire_cache()
-        found = _resolve(self.quotas, user, client_id)
+        found = _resolve(self.quotas, self.prefixes, user, client_id)
         # a bucket key equal to (user, client-id) serves as the cache key too (one tuple less)
         own = found is not None and found.bucket == (user, client_id)
         self._resolved[found.bucket if found is not None and own else (user, client_id)] = found
         return found
+
+    def resolve_key(self, key: BucketKey) -> Resolution | None:
+        """How the quotas lead to a bucket known by its key only (a peer's): a prefix bucket's key
+        names no client id to resolve, so its entity is looked up directly."""
+        for entity in prefix_bucket_entities(key):
+            bound = self.quotas.get(entity)
+            if bound is not None:
+                return Resolution(key, bound, entity.user == DEFAULT)
+        return self._lookup(key.user, key.client_id)
 
     def _retire_cache(self) -> None:
         if self._retired:

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from quotas.adaptive_capacity import API_NAMES, REASONS, AdaptiveCapacity, FactorChange
 from quotas.capacity import CapacityManager
+from quotas.entity import client_id_label
 
 from .metrics import ENFORCED, SHADOW
 
@@ -113,7 +114,7 @@ class CapacityMetrics(Collector):
                     other[5] += flow.shadow_throttle_total_ms
                     other[6] += flow.shadow_throttle_count
                     continue
-                tenant = [name, flow.key.user, flow.key.client_id]
+                tenant = [name, flow.key.user, client_id_label(flow.key.client_id)]
                 demand.add_metric(tenant, flow.demand)
                 rate.add_metric(tenant, fleet_rate)
                 weight.add_metric(tenant, flow.weight)

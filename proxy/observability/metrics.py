@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 from quotas.engine import QuotaEngine
+from quotas.entity import client_id_label
 from quotas.manager import Bucket
 from quotas.types import QuotaType
 
@@ -132,7 +133,8 @@ class QuotaCollector(Collector):
                         folded["shadow_count"] = (folded.get("shadow_count", 0.0)
                                                   + bucket.shadow_throttle_count)
                         continue
-                    values = [quota_type.value, key.user, key.client_id]
+                    # a client-id prefix's bucket shows as `etl-*` (entity.client_id_label)
+                    values = [quota_type.value, key.user, client_id_label(key.client_id)]
                     rates[quota_type].add_metric(values, rate)
                     if view is not None:
                         fleet_rates[quota_type].add_metric(values, fleet_rate)
