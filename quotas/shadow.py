@@ -11,7 +11,8 @@ Two scopes:
   connection-creation throttles);
 - one (user, client-id) entity, `shadow = true` beside its quotas, an entity setting as `share` is
   (`EntitySetting.SHADOW`), set through every quota source and switched live. It resolves with
-  Kafka's precedence on its own: the most specific entity that sets `shadow` decides, so `shadow =
+  Kafka's precedence on its own (client-id prefixes included): the most specific entity that sets
+  `shadow` decides, so `shadow =
   true` on user `<default>` shadows every client and `shadow = false` on one entity enforces it
   alone again.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .entity import QuotaEntity, candidate_entities
+from .entity import PrefixIndex, QuotaEntity, resolve_entity
 
 #: The entity setting's config name (`EntitySetting.SHADOW`).
 SHADOW_KEY = "shadow"
@@ -49,11 +50,12 @@ def validate_shadow(value: object, where: str) -> float:
 class ShadowPolicy:
     """Who is in shadow: the whole proxy (`everything`) or the entities that say so."""
 
-    __slots__ = ("_entities", "_resolved", "everything")
+    __slots__ = ("_entities", "_prefixes", "_resolved", "everything")
 
     def __init__(self, everything: bool = False) -> None:
         self.everything = everything
         self._entities: dict[QuotaEntity, float] = {}
+        self._prefixes = PrefixIndex(())
         self._resolved: dict[tuple[str, str], bool] = {}
 
     @property
@@ -64,6 +66,7 @@ class ShadowPolicy:
     def set_entities(self, entities: dict[QuotaEntity, float]) -> None:
         """The entities' `shadow` settings in force (1.0 shadow, 0.0 enforce); takes effect at once."""
         self._entities = dict(entities)
+        self._prefixes = PrefixIndex(self._entities)
         self._resolved = {}
 
     def shadowed(self, user: str, client_id: str) -> bool:
@@ -75,12 +78,8 @@ class ShadowPolicy:
         key = (user, client_id)
         found = self._resolved.get(key)
         if found is None:
-            found = False
-            for entity, _bucket in candidate_entities(user, client_id):
-                setting = self._entities.get(entity)
-                if setting is not None:
-                    found = setting == 1.0
-                    break
+            resolved = resolve_entity(self._entities, self._prefixes, user, client_id)
+            found = resolved is not None and resolved[2] == 1.0
             if len(self._resolved) >= MAX_RESOLVED:
                 self._resolved = {}
             self._resolved[key] = found

@@ -92,6 +92,8 @@ def test_the_most_specific_entity_that_sets_shadow_decides() -> None:
     policy.set_entities({QuotaEntity(None, "batch"): 1.0})
     assert policy.shadowed("bob", "batch") and not policy.shadowed("bob", "anything"), "a change is live"
     assert ShadowPolicy(everything=True).shadowed("anyone", "")
+    policy.set_entities({QuotaEntity(None, None, client_id_prefix="etl-"): 1.0})
+    assert policy.shadowed("bob", "etl-7") and not policy.shadowed("bob", "et"), "prefixes resolve too"
 
 
 @settings(max_examples=60, deadline=None)
