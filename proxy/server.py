@@ -64,7 +64,7 @@ class ProxyServer:
         #: KIP-73 partition throttles for consumers (the quota file's [[partition_throttle]]) and
         #: the topic ids they need, one map per process: a client fetches on other connections
         #: than the one its Metadata came on
-        self.partition_throttles = PartitionThrottles()
+        self.partition_throttles = PartitionThrottles(shadow=settings.shadow)
         self.topic_names = TopicNames()
         self.partition_throttle_metrics = register_partition_throttle_metrics(
             self.metrics.registry, self.partition_throttles, self.topic_names)

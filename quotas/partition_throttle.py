@@ -140,7 +140,8 @@ class PartitionThrottle:
 class ThrottleState:
     """A throttle's live state: its rate and what it let through or withheld (for metrics)."""
 
-    __slots__ = ("definition", "let_through_bytes", "rate", "withheld_bytes", "withheld_partitions")
+    __slots__ = ("definition", "let_through_bytes", "rate", "shadow_withheld_bytes",
+                 "shadow_withheld_partitions", "withheld_bytes", "withheld_partitions")
 
     def __init__(self, definition: PartitionThrottle, window: WindowConfig) -> None:
         self.definition = definition
@@ -150,6 +151,9 @@ class ThrottleState:
         #: record bytes of its partitions emptied while it was over, and how many partitions
         self.withheld_bytes = 0
         self.withheld_partitions = 0
+        #: the same for a proxy in shadow: what it would have emptied, and let through
+        self.shadow_withheld_bytes = 0
+        self.shadow_withheld_partitions = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +168,20 @@ class ThrottleStats:
     let_through_bytes: int
     withheld_bytes: int
     withheld_partitions: int
+    shadow_withheld_bytes: int = 0
+    shadow_withheld_partitions: int = 0
 
 
 class PartitionThrottles:
     """Every configured throttle, and the per-partition decisions of Fetch responses."""
 
     def __init__(self, window: WindowConfig = REPLICATION_WINDOW,
-                 max_throttles: int = MAX_PARTITION_THROTTLES) -> None:
+                 max_throttles: int = MAX_PARTITION_THROTTLES, shadow: bool = False) -> None:
         self.window = window
         self.max_throttles = max_throttles
+        #: the proxy's `[proxy] shadow` (shadow.py): a partition over its throttle is counted as
+        #: withheld in shadow, and let through (and recorded, since it is delivered)
+        self.shadow = shadow
         self._states: dict[str, ThrottleState] = {}
         #: topic -> the throttles naming it, in configuration order
         self._by_topic: dict[str, tuple[ThrottleState, ...]] = {}
@@ -268,20 +277,26 @@ class PartitionThrottles:
             if not (definition.covers(partition) and definition.concerns(user, client_id)):
                 return True
             if state.rate.measure(now_ms) > definition.byte_rate:
-                state.withheld_bytes += record_bytes
-                state.withheld_partitions += 1
-                return False
+                if not self.shadow:
+                    state.withheld_bytes += record_bytes
+                    state.withheld_partitions += 1
+                    return False
+                state.shadow_withheld_bytes += record_bytes
+                state.shadow_withheld_partitions += 1
             state.rate.record(record_bytes, now_ms)
             state.let_through_bytes += record_bytes
             return True
         covering = [state for state in states
                     if state.definition.covers(partition) and state.definition.concerns(user, client_id)]
         over = [state for state in covering if state.rate.measure(now_ms) > state.definition.byte_rate]
-        if over:
+        if over and not self.shadow:
             for state in over:
                 state.withheld_bytes += record_bytes
                 state.withheld_partitions += 1
             return False
+        for state in over:
+            state.shadow_withheld_bytes += record_bytes
+            state.shadow_withheld_partitions += 1
         for state in covering:
             state.rate.record(record_bytes, now_ms)
             state.let_through_bytes += record_bytes
@@ -307,7 +322,8 @@ class PartitionThrottles:
         """Every throttle's figures now, in configuration order (bounded by `max_throttles`)."""
         return [ThrottleStats(state.definition.name, state.definition.topic, state.definition.byte_rate,
                               state.rate.measure(now_ms), state.let_through_bytes, state.withheld_bytes,
-                              state.withheld_partitions)
+                              state.withheld_partitions, state.shadow_withheld_bytes,
+                              state.shadow_withheld_partitions)
                 for state in self._states.values()]
 
 

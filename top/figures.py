@@ -38,6 +38,8 @@ _RATE_SAMPLES = {name: quota for quota, name in RATE_FAMILIES.items()}
 LIMIT = "kthrottle_quota_limit"
 THROTTLE_TIME = "kthrottle_throttle_time_seconds_total"
 THROTTLES = "kthrottle_throttles_total"
+#: the `mode` label value of the throttle counters' series in shadow (quotas/shadow.py)
+SHADOW = "shadow"
 MUTED = "kthrottle_muted_connections"
 CONNECTIONS = "kthrottle_connections"
 UPSTREAM_UP = "kthrottle_upstream_up"
@@ -77,6 +79,9 @@ class TenantFigures:
     limits: dict[str, float] = field(default_factory=dict)  # quota type -> quota in force
     throttle_seconds: float = 0.0  # counter, summed over quota types (and the capacity's directions)
     throttles: float = 0.0  # counter, summed over quota types (and the capacity's directions)
+    #: the same two for throttles computed and not applied (`mode="shadow"`); None: no such series
+    shadow_seconds: float | None = None
+    shadow_throttles: float | None = None
     #: the capacity tenant's weight (`share`; the same in every direction), None: no capacity tenant
     weight: float | None = None
     demands: dict[str, float] = field(default_factory=dict)  # direction -> demand as estimated
@@ -122,9 +127,15 @@ def parse_metrics(text: str) -> ProxyFigures:
                 elif name == LIMIT:
                     entry.limits[quota] = value
                 elif name in (THROTTLE_TIME, CAPACITY_THROTTLE_TIME):
-                    entry.throttle_seconds += value
+                    if labels.get("mode") == SHADOW:
+                        entry.shadow_seconds = (entry.shadow_seconds or 0.0) + value
+                    else:
+                        entry.throttle_seconds += value
                 elif name in (THROTTLES, CAPACITY_THROTTLES):
-                    entry.throttles += value
+                    if labels.get("mode") == SHADOW:
+                        entry.shadow_throttles = (entry.shadow_throttles or 0.0) + value
+                    else:
+                        entry.throttles += value
                 elif name == CAPACITY_SHARE:
                     entry.weight = value if entry.weight is None else max(entry.weight, value)
                 elif name == CAPACITY_DEMAND:
@@ -186,6 +197,8 @@ class TenantRow:
     limits: dict[str, float] = field(default_factory=dict)  # the quota in force over those proxies
     throttle_rate: float | None = None  # throttle seconds decided per second, over the last refresh
     throttles_rate: float | None = None  # throttles per second, over the last refresh
+    #: throttle seconds computed in shadow per second (reported, not applied); None: no shadow figures
+    shadow_rate: float | None = None
     proxies: int = 0  # proxies that have a bucket for this tenant
     #: its weight as a capacity tenant (`share`), None where no proxy has a capacity tenant for it
     weight: float | None = None
@@ -281,6 +294,7 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
     fleet_limits: dict[Tenant, dict[str, float]] = {}
     throttle_rates: dict[Tenant, list[float | None]] = {}
     throttles_rates: dict[Tenant, list[float | None]] = {}
+    shadow_rates: dict[Tenant, list[float | None]] = {}
     #: capacity demands and rates per tenant and direction: fleet members' (largest), lone proxies' (summed)
     fleet_capacity: dict[Tenant, tuple[dict[str, float], dict[str, float]]] = {}
     lone_capacity: dict[Tenant, tuple[dict[str, float], dict[str, float]]] = {}
@@ -324,6 +338,9 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
                 entry.throttle_seconds, None if prior is None else prior.throttle_seconds, seconds))
             throttles_rates.setdefault(tenant, []).append(_counter_rate(
                 entry.throttles, None if prior is None else prior.throttles, seconds))
+            if entry.shadow_seconds is not None:
+                shadow_rates.setdefault(tenant, []).append(_counter_rate(
+                    entry.shadow_seconds, None if prior is None else prior.shadow_seconds or 0.0, seconds))
     for tenant, row in tenants.items():
         for quota, limit in fleet_limits.get(tenant, {}).items():
             row.limits[quota] = row.limits.get(quota, 0.0) + limit
@@ -337,6 +354,7 @@ def build_view(current: Sequence[Scrape], previous: Mapping[str, Scrape]) -> Vie
             row.rates.setdefault(quota, value)  # only where no quota bucket measured it
         row.throttle_rate = _sum_known(throttle_rates.get(tenant, ()))
         row.throttles_rate = _sum_known(throttles_rates.get(tenant, ()))
+        row.shadow_rate = _sum_known(shadow_rates.get(tenant, ()))
     answered = [p for p in proxies if p.error is None]
     total = ProxyRow(
         "total", connections=sum(p.connections for p in answered), muted=sum(p.muted for p in answered),

@@ -180,6 +180,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("QUOTA-USE", BAR_WIDTH, 4, lambda r: bar(r.usage, BAR_WIDTH), left=True, quota=True),
     Column("THROTTLE", 8, 1, lambda r: _throttle_text(r.throttle_rate)),
     Column("THR/s", 6, 3, lambda r: _optional(r.throttles_rate)),
+    # shadow mode (quotas/shadow.py): the throttle time computed and not applied, beside THROTTLE
+    Column("WOULD", 8, 2, lambda r: _throttle_text(r.shadow_rate), quota=True),
 )
 PROXIES_COLUMN = Column("PROXIES", 7, 7, lambda r: str(r.proxies))
 

@@ -22,6 +22,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from protocol.topic_names import TopicNames
 from quotas.partition_throttle import PartitionThrottles
 
+from .metrics import ENFORCED, SHADOW
+
 _LABELS = ["throttle", "topic"]
 
 
@@ -53,17 +55,21 @@ class PartitionThrottleCollector(Collector):
         withheld = CounterMetricFamily(
             "kthrottle_partition_throttle_withheld_bytes",
             "Record bytes of a partition throttle's partitions emptied from Fetch responses while it "
-            "was over its rate (the client fetches them again)", labels=_LABELS)
+            "was over its rate (the client fetches them again); mode=\"shadow\": would have been, in shadow",
+            labels=[*_LABELS, "mode"])
         withheld_partitions = CounterMetricFamily(
             "kthrottle_partition_throttle_withheld_partitions",
-            "Partitions emptied from Fetch responses by a partition throttle", labels=_LABELS)
+            "Partitions emptied from Fetch responses by a partition throttle", labels=[*_LABELS, "mode"])
         for stats in self.throttles.stats(now):
             values = [stats.name, stats.topic]
             rate.add_metric(values, stats.rate)
             limit.add_metric(values, stats.byte_rate)
             let_through.add_metric(values, stats.let_through_bytes)
-            withheld.add_metric(values, stats.withheld_bytes)
-            withheld_partitions.add_metric(values, stats.withheld_partitions)
+            withheld.add_metric([*values, ENFORCED], stats.withheld_bytes)
+            withheld_partitions.add_metric([*values, ENFORCED], stats.withheld_partitions)
+            if stats.shadow_withheld_partitions:
+                withheld.add_metric([*values, SHADOW], stats.shadow_withheld_bytes)
+                withheld_partitions.add_metric([*values, SHADOW], stats.shadow_withheld_partitions)
         families: list[GaugeMetricFamily | CounterMetricFamily] = [
             rate, limit, let_through, withheld, withheld_partitions]
         if self.topic_names is not None:

@@ -120,7 +120,8 @@ def test_throttled_and_unthrottled_topics_in_one_consumer(throttle_proxy: QuotaP
     metrics = throttle_proxy.metrics()
     labels = (("throttle", "backfill"), ("topic", slow))
     let_through = metrics.get(("kthrottle_partition_throttle_let_through_bytes_total", labels), 0.0)
-    withheld = metrics.get(("kthrottle_partition_throttle_withheld_bytes_total", labels), 0.0)
+    enforced = (("mode", "enforced"), *labels)
+    withheld = metrics.get(("kthrottle_partition_throttle_withheld_bytes_total", enforced), 0.0)
     report(f"partition throttle {THROTTLE_RATE:,} B/s, librdkafka consumer of a throttled and an unthrottled "
            f"topic: throttled {slow_rate:,.0f} B/s of record values from 5 s to {slow_span - 1:.0f} s "
            f"({slow_rate / THROTTLE_RATE:.3f}x), unthrottled {fast_rate:,.0f} B/s "

@@ -136,6 +136,18 @@ def test_let_through_while_under_then_emptied_while_over() -> None:
     assert stats.rate == 1200.0  # the emptied partition's bytes are not recorded (KIP-73)
 
 
+@pytest.mark.parametrize("two", [False, True])
+def test_in_shadow_a_partition_over_its_throttle_is_counted_and_let_through(two: bool) -> None:
+    live = PartitionThrottles(shadow=True)
+    live.set_throttles([throttle(byte_rate=1000), *([throttle("other", byte_rate=5000)] if two else [])])
+    assert live.decide("alice", "app", "events", 0, 1200, 0)
+    assert live.decide("alice", "app", "events", 2, 100, 0)  # 1200 B/s: over, let through in shadow
+    stats = live.stats(0)[0]
+    assert (stats.withheld_bytes, stats.shadow_withheld_bytes) == (0, 100)
+    assert stats.shadow_withheld_partitions == 1
+    assert stats.let_through_bytes == 1300 and stats.rate == 1300.0, "delivered, so recorded"
+
+
 def test_equal_to_the_rate_is_not_over() -> None:
     live = throttles(throttle(byte_rate=1000))
     assert live.decide("u", "c", "events", 0, 1200, 0)
@@ -371,8 +383,10 @@ def test_metrics_report_rate_bound_and_counters() -> None:
     assert f"kthrottle_partition_throttle_byte_rate_bytes_per_second{labels} 2000.0" in text
     assert f"kthrottle_partition_throttle_limit_bytes_per_second{labels} 1000.0" in text
     assert f"kthrottle_partition_throttle_let_through_bytes_total{labels} 2000.0" in text
-    assert f"kthrottle_partition_throttle_withheld_bytes_total{labels} 300.0" in text
-    assert f"kthrottle_partition_throttle_withheld_partitions_total{labels} 1.0" in text
+    enforced = '{mode="enforced",throttle="backfill",topic="events"}'
+    assert f"kthrottle_partition_throttle_withheld_bytes_total{enforced} 300.0" in text
+    assert f"kthrottle_partition_throttle_withheld_partitions_total{enforced} 1.0" in text
+    assert 'mode="shadow",' not in text
     assert 'kthrottle_partition_throttle_topic_id_unknown{topic="events"} 0.0' in text
     assert 'kthrottle_partition_throttle_topic_id_unknown{topic="logs"} 1.0' in text
 

@@ -536,3 +536,34 @@ def test_the_proxys_own_capacity_metrics_parse() -> None:
     assert gold.capacity_rates[P] > 0
     assert gold.throttles == flow.throttle_count > 0
     assert gold.throttle_seconds == pytest.approx(flow.throttle_total_ms / 1000.0)
+
+
+# -- shadow mode -------------------------------------------------------------------------------------
+
+SHADOWED = CAPTURED.replace(
+    'kthrottle_throttles_total{client_id="ingest-b",quota="producer_byte_rate",user=""} 3.0',
+    'kthrottle_throttles_total{client_id="ingest-b",mode="enforced",quota="producer_byte_rate",user=""} 3.0\n'
+    'kthrottle_throttles_total{client_id="ingest-a",mode="shadow",quota="producer_byte_rate",user=""} 4.0',
+).replace(
+    'kthrottle_throttle_time_seconds_total{client_id="ingest-b",quota="producer_byte_rate",user=""} 1.509',
+    'kthrottle_throttle_time_seconds_total{client_id="ingest-b",mode="enforced",quota="producer_byte_rate",user=""} 1.509\n'
+    'kthrottle_throttle_time_seconds_total{client_id="ingest-a",mode="shadow",quota="producer_byte_rate",user=""} 8.0',
+)
+
+
+def test_shadow_throttles_show_in_their_own_column_not_as_throttles() -> None:
+    first = scrape_from_text(A, 100.0, SHADOWED)
+    second = scrape_from_text(A, 102.0, SHADOWED.replace('user=""} 8.0', 'user=""} 12.0'))
+    rows = {r.client_id: r for r in build_view([second], {A: first}).tenants}
+    assert rows["ingest-a"].shadow_rate == pytest.approx(2.0), "4 s of would-be throttles in 2 s"
+    assert rows["ingest-a"].throttle_rate == 0.0 and not rows["ingest-a"].throttled, "nothing applied"
+    assert rows["ingest-b"].shadow_rate is None
+    text = [line.text for line in render(build_view([second], {A: first}), ViewState(), 170, 12, "16:26:03")]
+    header = text[2].split()
+    assert header[-1] == "WOULD", header
+    cells = {line.split()[1]: line.split() for line in text[3:5]}
+    assert cells["ingest-a"][-1] == "2.0s/s" and cells["ingest-b"][-1] == "-"
+    # no shadow series anywhere: the column is left out
+    plain = render(build_view([scrape_from_text(A, 102.0, CAPTURED)], {A: scrape_from_text(A, 100.0, CAPTURED)}),
+                   ViewState(), 170, 12, "16:26:03")
+    assert "WOULD" not in plain[2].text
