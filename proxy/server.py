@@ -116,7 +116,8 @@ class ProxyServer:
         #: runs from the quota topic (proxy/capacity/live.py)
         from_topic = settings.quota_store == "kafka"
         self.capacity = LiveCapacity(self.engine.capacity, self.metrics.registry,
-                                     settings.metrics_max_entities, may_change=from_topic)
+                                     settings.metrics_max_entities, may_change=from_topic,
+                                     shadow=self.engine.shadow)
         self.capacity.apply(settings.capacity)
 
     @property

@@ -113,6 +113,17 @@ class BrokerSlots(Generic[W]):
         self._waiting += 1
         return False
 
+    def start_anyway(self, tenant: Hashable, weight: float) -> bool:
+        """A request of `tenant` goes now, counted in flight, whatever the limit (shadow mode:
+        quotas/shadow.py); returns whether it would have gone without waiting."""
+        entry = self._tenants.get(tenant)
+        if entry is None:
+            entry = self._tenants[tenant] = _Tenant(weight)
+        entry.weight = weight
+        within = self.limit >= MAX_LIMIT or (self.in_flight < self.limit and self._waiting == 0)
+        self._start(entry)
+        return within
+
     def _start(self, entry: _Tenant[W]) -> None:
         entry.in_flight += 1
         self.in_flight += 1

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from quotas.adaptive_capacity import AdaptiveCapacity, AdaptiveConfig
 from quotas.capacity import CapacityConfig, CapacityManager
+from quotas.shadow import ShadowPolicy
 
 from ..observability.capacity_metrics import CapacityMetrics
 from .broker_health import BrokerHealth
@@ -35,7 +36,7 @@ class LiveCapacity:
     """Owns the capacity's loop, metrics, controller and health feed; `apply` swaps the table."""
 
     def __init__(self, capacity: CapacityManager, registry: CollectorRegistry, max_entities: int,
-                 may_change: bool) -> None:
+                 may_change: bool, shadow: ShadowPolicy | None = None) -> None:
         """`may_change`: a capacity may arrive later (from the quota topic), so sessions report
         the brokers' health from the start."""
         self.capacity = capacity
@@ -47,7 +48,7 @@ class LiveCapacity:
         self.health: BrokerHealth | None = BrokerHealth(None, capacity) if may_change else None
         #: the brokers' Produce concurrency limits (on with controller "concurrency"); every session
         #: asks it, so a limit turned on while the proxy runs covers connections made before
-        self.produce_slots = ProduceSlots(capacity, registry)
+        self.produce_slots = ProduceSlots(capacity, registry, shadow)
         self.metrics: CapacityMetrics | None = None
         self.sharing: CapacitySharing | None = None
         self._running = False

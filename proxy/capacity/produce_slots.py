@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from quotas.adaptive_capacity import CONCURRENCY, PRODUCE, AdaptiveCapacity
 from quotas.broker_concurrency import MAX_LIMIT, BrokerConcurrency, LimitChange
 from quotas.capacity import CapacityManager
+from quotas.shadow import ShadowPolicy
 
 log = logging.getLogger("kthrottle.capacity")
 
@@ -34,8 +35,12 @@ def _now_ms() -> float:
 class ProduceSlots:
     """The process's limit, its metrics, and the controller whose baselines bound the latency."""
 
-    def __init__(self, capacity: CapacityManager, registry: CollectorRegistry) -> None:
+    def __init__(self, capacity: CapacityManager, registry: CollectorRegistry,
+                 shadow: ShadowPolicy | None = None) -> None:
+        """`shadow`: who is in shadow (quotas/shadow.py): their requests never wait, and those that
+        would have are counted under mode="shadow"."""
         self.capacity = capacity
+        self.shadow = shadow
         self.controller: AdaptiveCapacity | None = None
         self._generation = 0
         self.concurrency: BrokerConcurrency[SessionSlots] = BrokerConcurrency(self._baseline)
@@ -44,8 +49,9 @@ class ProduceSlots:
                            f"tenant (adaptive, controller \"concurrency\"; {MAX_LIMIT:g}: nothing waits)",
                            ["broker"], registry=registry)
         self.waits = Counter("kthrottle_produce_waits",
-                             "Produce requests that waited in the proxy for a slot at their broker",
-                             ["broker"], registry=registry)
+                             "Produce requests that waited in the proxy for a slot at their broker "
+                             "(mode=\"shadow\": would have waited, and went on in shadow)",
+                             ["broker", "mode"], registry=registry)
 
     @property
     def enabled(self) -> bool:
@@ -78,9 +84,15 @@ class ProduceSlots:
         if not self.enabled:
             return UNCOUNTED
         tenant, weight = self.capacity.tenant(principal, client_id)
-        if self.concurrency.slots(session.broker).acquire(tenant, weight, session):
+        slots = self.concurrency.slots(session.broker)
+        shadow = self.shadow
+        if shadow is not None and shadow.active and shadow.shadowed(principal, client_id):
+            if not slots.start_anyway(tenant, weight):
+                self.waits.labels(str(session.broker), "shadow").inc()
             return (self._generation, tenant)
-        self.waits.labels(str(session.broker)).inc()
+        if slots.acquire(tenant, weight, session):
+            return (self._generation, tenant)
+        self.waits.labels(str(session.broker), "enforced").inc()
         session.waiting = (self._generation, tenant)
         return None
 

@@ -40,6 +40,15 @@ def test_the_limit_holds_every_tenant() -> None:
     assert slots.in_flight == 1 and slots.waiting == 1
 
 
+def test_in_shadow_a_request_over_the_limit_goes_and_says_it_would_have_waited() -> None:
+    slots = limited(MIN_LIMIT)
+    assert slots.start_anyway(SILVER, 1.0), "within the limit"
+    assert not slots.start_anyway(GOLD, 10.0), "over it: would have waited"
+    assert slots.in_flight == 2 and slots.waiting == 0, "both counted, nothing waits"
+    assert slots.release(GOLD) == [] and slots.release(SILVER) == []
+    assert slots.in_flight == 0
+
+
 def test_a_freed_slot_goes_to_the_fewest_in_flight_per_share() -> None:
     slots = limited(3)
     assert all(slots.acquire(t, w, f"{t}1") for t, w in ((GOLD, 10.0), (SILVER, 1.0), (BRONZE, 1.0)))
