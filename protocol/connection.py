@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
-from typing import Literal, Protocol
+from typing import Literal
 
 from . import controller_mutations as mutations
 from .actions import (
@@ -61,6 +61,7 @@ from .in_flight import InFlight, take_local_responses
 from .in_flight import size_prefix as _size
 from .opaque import charge_opaque_response, share_fetch_max_wait_ms
 from .passthrough import Passthrough
+from .produce_admission import ProduceAdmission, ProduceGate
 from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
@@ -95,18 +96,6 @@ ExchangeObserver = Callable[[int, int, int, float], None]
 HealthObserver = Callable[[int, float, list[int], str, str], None]
 
 
-class ProduceAdmission(Protocol):
-    """Whether a Produce (acks 1 or all) may go to the broker now: the per-broker concurrency limit
-    (quotas/broker_concurrency.py), which the I/O layer keeps."""
-
-    def admit(self, principal: str, client_id: str) -> Hashable | None:
-        """A ticket: the request holds a slot (given back with `done`); None: it waits, and the
-        I/O layer calls `slot_granted` with its ticket when its turn comes."""
-
-    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
-        """The request holding `ticket` was answered after `latency_ms` (None: never answered)."""
-
-
 #: A Fetch response shorter than this carried no records: it waited out its max_wait_ms, which
 #: says nothing about the broker's health.
 HEALTH_FETCH_MIN_BYTES = 1024
@@ -124,11 +113,8 @@ class ProxyConnection:
                  admission: ProduceAdmission | None = None) -> None:
         self.name = name
         self.health = health
-        self.admission = admission
-        #: a Produce waits at the head of `_deferred` for its broker's slot
-        self._awaiting_slot = False
-        #: the slot granted to it, which it takes when it goes on
-        self._granted: Hashable | None = None
+        #: the per-broker Produce concurrency limit's gate (produce_admission.py); None: no limit
+        self._gate = ProduceGate(admission) if admission is not None else None
         #: KIP-73 partition throttles (fetch_partitions.py) and the topic names they are
         #: configured by, learned from Metadata responses (Fetch v13+ names topics by id)
         self._partition_throttles = partition_throttles if topic_names is not None else None
@@ -230,7 +216,7 @@ class ProxyConnection:
                 self._check_head_request()
             if self._deferred:
                 frames, self._deferred = self._deferred + frames, []
-            if self._admin_pending is not None or self._awaiting_slot:
+            if self._admin_pending is not None or self.awaiting_slot:
                 self._deferred = frames
                 return []
             if self._now_ms < self._muted_until:
@@ -265,7 +251,7 @@ class ProxyConnection:
         if self._closed is not None:
             return []
         self._now_ms = max(now_ms, self._now_ms)
-        if self._admin_pending is not None or self._awaiting_slot or not self._deferred:
+        if self._admin_pending is not None or self.awaiting_slot or not self._deferred:
             return []
         if self._now_ms < self._muted_until:
             # A timer that fired a little early: wait out the rest.
@@ -278,12 +264,14 @@ class ProxyConnection:
 
     def slot_granted(self, ticket: Hashable, now_ms: float) -> list[Action]:
         """The Produce that waited (AwaitSlot) has its slot: it and the requests after it go on."""
-        if self._closed is not None or not self._awaiting_slot:
-            if self.admission is not None:
-                self.admission.done(ticket, None)  # nobody to use it: give it back
+        gate = self._gate
+        if gate is None:
             return []
-        self._awaiting_slot = False
-        self._granted = ticket
+        if self._closed is not None:
+            gate.give_back(ticket)
+            return []
+        if not gate.granted(ticket):
+            return []  # nobody waits for it: the gate gave it back
         return self.resume(now_ms)
 
     def release_slots(self) -> list[Hashable]:
@@ -291,18 +279,16 @@ class ProxyConnection:
         ends for this connection, so what it sent before leaving goes on without waiting (as a
         broker reads what a closed connection sent), rather than wait for a slot nobody tracks."""
         held = [entry.slot for entry in self._in_flight if entry.slot is not None]
-        if self._granted is not None:
-            held.append(self._granted)
-        self._granted = None
         for entry in self._in_flight:
             entry.slot = None
-        self.admission = None
-        self._awaiting_slot = False
+        if self._gate is not None:
+            held += self._gate.release()
+            self._gate = None
         return held
 
     @property
     def awaiting_slot(self) -> bool:
-        return self._awaiting_slot
+        return self._gate is not None and self._gate.awaiting
 
     def _mute(self, ms: int, actions: list[Action]) -> None:
         """Stop reading for `ms`; requests already read wait too, as in a muted broker socket."""
@@ -499,12 +485,9 @@ class ProxyConnection:
                 entry.mutation = charge
             elif header.api_key == ApiKey.PRODUCE:
                 expects_response = produce_acks(frame, header) != 0
-                if expects_response and self.admission is not None:
-                    ticket, self._granted = self._granted, None
-                    if ticket is None:
-                        ticket = self.admission.admit(self.principal, header.client_id or "")
+                if expects_response and self._gate is not None:
+                    ticket = self._gate.take(self.principal, header.client_id or "")
                     if ticket is None:  # its broker has its limit in flight: this and the rest wait
-                        self._awaiting_slot = True
                         self._deferred = frames[index:]
                         actions.append(AwaitSlot())
                         break
@@ -581,9 +564,9 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self._note_health(entry, frame)
-            if entry.slot is not None and self.admission is not None:
+            if entry.slot is not None and self._gate is not None:
                 slot, entry.slot = entry.slot, None
-                self.admission.done(slot, self._now_ms - entry.sent_ms)
+                self._gate.answered(slot, self._now_ms - entry.sent_ms)
             hold_ms = 0
             if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
                 frame, hold_ms = self._throttle_partitions(entry, frame)

@@ -80,21 +80,22 @@ class ProduceSlots:
     def for_session(self, broker: int, wake: Callable[[Hashable], None]) -> SessionSlots:
         return SessionSlots(self, broker, wake)
 
-    def acquire(self, session: SessionSlots, principal: str, client_id: str) -> Hashable | None:
+    def acquire(self, session: SessionSlots, principal: str, client_id: str) -> tuple[Hashable, bool]:
+        """The ticket of `session`'s next Produce, and whether it goes now (False: it waits for that
+        ticket, which `granted` hands it when its turn comes)."""
         if not self.enabled:
-            return UNCOUNTED
+            return UNCOUNTED, True
         tenant, weight = self.capacity.tenant(principal, client_id)
         slots = self.concurrency.slots(session.broker)
         shadow = self.shadow
         if shadow is not None and shadow.active and shadow.shadowed(principal, client_id):
             if not slots.start_anyway(tenant, weight):
                 self.waits.labels(str(session.broker), "shadow").inc()
-            return (self._generation, tenant)
+            return (self._generation, tenant), True
         if slots.acquire(tenant, weight, session):
-            return (self._generation, tenant)
+            return (self._generation, tenant), True
         self.waits.labels(str(session.broker), "enforced").inc()
-        session.waiting = (self._generation, tenant)
-        return None
+        return (self._generation, tenant), False
 
     def completed(self, broker: int, ticket: Hashable, latency_ms: float | None) -> None:
         if ticket is UNCOUNTED or not isinstance(ticket, tuple) or ticket[0] != self._generation:
@@ -133,7 +134,11 @@ class SessionSlots:
         self.waiting: Hashable | None = None
 
     def admit(self, principal: str, client_id: str) -> Hashable | None:
-        return self.owner.acquire(self, principal, client_id)
+        ticket, goes = self.owner.acquire(self, principal, client_id)
+        if goes:
+            return ticket
+        self.waiting = ticket
+        return None
 
     def done(self, ticket: Hashable, latency_ms: float | None) -> None:
         self.owner.completed(self.broker, ticket, latency_ms)
