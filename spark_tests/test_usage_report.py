@@ -298,7 +298,8 @@ def test_report_matches_what_the_proxy_counted(spark: SparkSession, spark_proxy:
         after = proxy.metrics()
         sent_back = (_delta(before, after, "kthrottle_response_bytes_total", api="Fetch")
                      + 4 * _delta(before, after, "kthrottle_requests_total", api="Fetch"))
-        slow = {"quota": "producer_byte_rate", "user": "", "client_id": "slow"}
+        slow = {"quota": "producer_byte_rate", "user": "", "client_id": "slow",
+                "mode": "enforced"}
         throttles = after.get(("kthrottle_throttles_total", tuple(sorted(slow.items()))), 0.0)
         throttle_s = after.get(("kthrottle_throttle_time_seconds_total", tuple(sorted(slow.items()))), 0.0)
         assert throttles > 0, "the slow tenant was never throttled: the test would prove nothing"

@@ -120,7 +120,11 @@ class Member(RunningProxy):
         return scrape(self.metrics_port + worker)
 
     def metric(self, name: str, worker: int = 0, **labels: str) -> float:
-        return self.metrics(worker).get((name, tuple(sorted(labels.items()))), 0.0)
+        """One series, or the sum of those whose labels include `labels` (the throttle counters'
+        `mode`: enforced and shadow); 0 when there is none."""
+        want = set(labels.items())
+        return sum(value for (got, series), value in self.metrics(worker).items()
+                   if got == name and want <= set(series))
 
     def metric_when_up(self, name: str, worker: int = 0, **labels: str) -> float | None:
         """`metric`, or None while the metrics port does not answer (a worker restarting)."""
