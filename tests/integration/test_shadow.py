@@ -156,7 +156,8 @@ def test_shadow_reports_the_throttles_enforcing_applies_and_applies_none(kafka_c
             line = proxy.wait_for_log("shadow: would throttle client-id=shadow-0 ", timeout=15)
             assert "(producer_byte_rate)" in line, line[-2000:]
 
-            # 3. enforce it, live, through the admin API: the next answers are throttled
+            # 3. enforce it, live, through the admin API (AlterClientQuotas, as `kthrottle quotas set`
+            # sends it; Kafka's kafka-configs refuses keys that are not Kafka's): throttled at once
             _set(proxy, "shadow-0", shadow=0)
             switched = time.monotonic()
             throttle = 0
