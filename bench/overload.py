@@ -6,6 +6,9 @@ quota and compressing every byte it appends, so that the broker is what overload
 each path:
 
     direct              the broker itself
+    direct paced F      the broker itself beside ONE producer sending F x what the three took,
+                        evenly (no backlog, ~100 KB requests): what the broker allows gold at that
+                        load when nothing queues ahead of it, the floor any proxy is judged against
     proxy               kthrottle without a [capacity]: forwarding only (the bare-relay figure;
                         a byte relay cannot front a broker whose metadata names its own address)
     proxy static        kthrottle with a static capacity of 0.85 x what the bed took direct: the
@@ -20,8 +23,8 @@ For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its own quie
 the factor's lowest and how long it took to get back to 1.0 once the overload stopped. The issue's
 targets: p99 at most 2 x quiet + 5 ms and goodput at least 0.85 x direct, at once.
 
-Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 7 minutes. Name paths
-to run only those after direct: `python -m bench.overload "proxy concurrency"`.
+Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 8 minutes. Name paths
+to run only those after direct: `python -m bench.overload "direct paced 0.9" "proxy concurrency"`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from tests.integration.overload_bed import (
     settle,
 )
 from tests.integration.proxies import QuotaProxy
+
+#: the loads of the paced direct paths, as shares of what the three flat-out producers got through
+PACED = (0.9, 1.0)
 
 
 def _factor_after(proxy: QuotaProxy, timeout: float = 40.0) -> float:
@@ -81,13 +87,21 @@ def main(only: list[str]) -> None:
               "goodput (x direct)")
         print(_line("direct", alone, loaded, direct), flush=True)
         settle(bed.kafka.bootstrap, bed.topic)
+        for fraction in PACED:
+            name = f"direct paced {fraction:g}"
+            if only and name not in only:
+                continue
+            paced = overloaded(bootstrap, topic, paced=fraction * direct)
+            print(_line(name, alone, paced, direct), flush=True)
+            settle(bed.kafka.bootstrap, bed.topic)
         paths = [("proxy", ""), ("proxy static", capacity_table(0.85 * direct, adaptive=False)),
                  ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
                  ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient")),
                  ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"))]
-        unknown = set(only) - {name for name, _ in paths}
+        known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _ in paths]
+        unknown = set(only) - set(known)
         if unknown:
-            raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {[name for name, _ in paths]}")
+            raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {known}")
         for name, table in paths:
             if only and name not in only:
                 continue

@@ -63,15 +63,16 @@ def gold(bootstrap: str, topic: str, seconds: float, client_id: str) -> dict[str
 
 
 def flat(bootstrap: str, topic: str, seconds: float, producers: int, value_bytes: int,
-         batch_bytes: int) -> dict[str, Any]:
+         batch_bytes: int, offered_rate: float | None = None) -> dict[str, Any]:
     """`producers` librdkafka producers flat out (acks=all, quota_runs.produce_for), each its own
-    client id `best-effort-<n>`; every acknowledged record's time, per producer."""
+    client id `best-effort-<n>`; every acknowledged record's time, per producer. `offered_rate`:
+    each sends at this many bytes/s, evenly, instead (the bench's paced path)."""
     value = os.urandom(value_bytes)  # incompressible: the broker's gzip works for every byte
     start = time.monotonic()
     results: list[RunResult | None] = [None] * producers
 
     def run(n: int) -> None:
-        results[n] = produce_for(bootstrap, topic, seconds, value=value, **{
+        results[n] = produce_for(bootstrap, topic, seconds, value=value, offered_rate=offered_rate, **{
             "client.id": f"best-effort-{n}", "acks": "all", "batch.size": batch_bytes})
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(producers)]
@@ -120,9 +121,10 @@ def start_gold(bootstrap: str, topic: str, seconds: float, client_id: str = "gol
 
 
 def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, value_bytes: int = 4000,
-               batch_bytes: int = 16384) -> BedClient:
+               batch_bytes: int = 16384, offered_rate: float | None = None) -> BedClient:
+    paced = [] if offered_rate is None else ["--offered-rate", str(offered_rate)]
     return BedClient("flat", bootstrap, topic, str(seconds), "--producers", str(producers),
-                     "--value-bytes", str(value_bytes), "--batch-bytes", str(batch_bytes))
+                     "--value-bytes", str(value_bytes), "--batch-bytes", str(batch_bytes), *paced)
 
 
 def main() -> None:
@@ -135,12 +137,13 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=3)
     parser.add_argument("--value-bytes", type=int, default=4000)
     parser.add_argument("--batch-bytes", type=int, default=16384)
+    parser.add_argument("--offered-rate", type=float, default=None)
     args = parser.parse_args()
     if args.kind == "gold":
         out = gold(args.bootstrap, args.topic, args.seconds, args.client_id)
     else:
         out = flat(args.bootstrap, args.topic, args.seconds, args.producers, args.value_bytes,
-                   args.batch_bytes)
+                   args.batch_bytes, args.offered_rate)
     print(json.dumps(out))
 
 

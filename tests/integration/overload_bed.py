@@ -93,10 +93,12 @@ def quiet(bootstrap: str, topic: str) -> Phase:
     return Phase(min(p50 for p50, _ in runs), min(p99 for _, p99 in runs), 0.0)
 
 
-def overloaded(bootstrap: str, topic: str) -> Phase:
-    """Gold beside the three flat-out producers."""
+def overloaded(bootstrap: str, topic: str, paced: float | None = None) -> Phase:
+    """Gold beside the three flat-out producers; `paced`: beside one producer sending this many
+    bytes/s evenly instead (the bench's measure of what the broker allows gold at a given load)."""
     gold = start_gold(bootstrap, topic, PHASE_S)
-    flat = start_flat(bootstrap, topic, PHASE_S)
+    flat = (start_flat(bootstrap, topic, PHASE_S) if paced is None
+            else start_flat(bootstrap, topic, PHASE_S, producers=1, offered_rate=paced))
     flat_result, gold_result = flat.result(), gold.result()
     p50, p99 = gold_result.gold_percentiles(SKIP_S)
     return Phase(p50, p99, flat_result.goodput(PHASE_S - GOODPUT_S, PHASE_S))
