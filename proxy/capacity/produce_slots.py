@@ -42,6 +42,7 @@ class ProduceSlots:
         self.capacity = capacity
         self.shadow = shadow
         self.controller: AdaptiveCapacity | None = None
+        self.on = False
         self._generation = 0
         self.concurrency: BrokerConcurrency[SessionSlots] = BrokerConcurrency(self._baseline)
         self.limit = Gauge("kthrottle_broker_produce_limit",
@@ -64,6 +65,8 @@ class ProduceSlots:
         if controller is self.controller:
             return
         self.controller = controller
+        #: the hot path's one test while the limit is off (set here, where the controller changes)
+        self.on = self.enabled
         old = self.concurrency
         self._generation += 1
         tolerance = controller.config.latency_tolerance if controller is not None else 2.0
@@ -83,7 +86,7 @@ class ProduceSlots:
     def acquire(self, session: SessionSlots, principal: str, client_id: str) -> tuple[Hashable, bool]:
         """The ticket of `session`'s next Produce, and whether it goes now (False: it waits for that
         ticket, which `granted` hands it when its turn comes)."""
-        if not self.enabled:
+        if not self.on:
             return UNCOUNTED, True
         tenant, weight = self.capacity.tenant(principal, client_id)
         slots = self.concurrency.slots(session.broker)
@@ -134,7 +137,10 @@ class SessionSlots:
         self.waiting: Hashable | None = None
 
     def admit(self, principal: str, client_id: str) -> Hashable | None:
-        ticket, goes = self.owner.acquire(self, principal, client_id)
+        owner = self.owner
+        if not owner.on:  # every acks 1/all Produce asks: one attribute test while the limit is off
+            return UNCOUNTED
+        ticket, goes = owner.acquire(self, principal, client_id)
         if goes:
             return ticket
         self.waiting = ticket

@@ -301,7 +301,11 @@ def assert_fleet_rate_shown(sampler: RateSampler, count: int, measured: float, w
                f"members' own rates summed, {fleet / measured:.3f}x what the clients got), its own "
                f"{local:,.0f} B/s")
         assert 0.9 * together <= fleet <= 1.1 * together, f"member {index}: fleet rate {fleet:,.0f} B/s"
-        assert 0 < local < 0.8 * fleet, f"member {index}: own rate {local:,.0f} of {fleet:,.0f} B/s"
+        assert local > 0, f"member {index} carried nothing"
+    # Meaningful only where a member's own rate is well below the fleet's: such a member shows its
+    # peers' rates too. The kernel may move connections between workers mid-run (h24: 6 % / 94 %
+    # over the last 20 s after a 25 %+ split at 3 s), so one such member is required, not every one.
+    assert min(local for _, local in means) < 0.8 * together, f"no member carried less than 80 %: {means}"
     assert 0.95 * measured <= together <= 1.4 * measured, f"members' own rates {means}"
 
 
