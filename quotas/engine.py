@@ -217,8 +217,6 @@ class QuotaEngine:
         producer-id buckets, Fetch for the fetch bucket, and every request for the request quota.
         """
         capacity = self.capacity
-        if self.shadow.active and self.shadow.shadowed(user, client_id):
-            return 0
         if capacity.throttled_until_ms > now_ms:
             wait = capacity.remaining_throttle_ms(QuotaType.REQUEST, user, client_id, now_ms)
             if api_key in (_PRODUCE, _FETCH):
@@ -226,15 +224,16 @@ class QuotaEngine:
                 wait = max(wait, capacity.remaining_throttle_ms(direction, user, client_id, now_ms))
         else:
             wait = 0
-        if not self.table:
-            return wait
-        managers = self.managers
-        wait = max(wait, managers[QuotaType.REQUEST].remaining_throttle_ms(user, client_id, now_ms))
-        if api_key == _PRODUCE:
-            wait = max(wait, managers[QuotaType.PRODUCE].remaining_throttle_ms(user, client_id, now_ms),
-                       managers[QuotaType.PRODUCER_IDS].remaining_throttle_ms(user, "", now_ms))
-        elif api_key == _FETCH:
-            wait = max(wait, managers[QuotaType.FETCH].remaining_throttle_ms(user, client_id, now_ms))
+        if self.table:
+            managers = self.managers
+            wait = max(wait, managers[QuotaType.REQUEST].remaining_throttle_ms(user, client_id, now_ms))
+            if api_key == _PRODUCE:
+                wait = max(wait, managers[QuotaType.PRODUCE].remaining_throttle_ms(user, client_id, now_ms),
+                           managers[QuotaType.PRODUCER_IDS].remaining_throttle_ms(user, "", now_ms))
+            elif api_key == _FETCH:
+                wait = max(wait, managers[QuotaType.FETCH].remaining_throttle_ms(user, client_id, now_ms))
+        if wait and self.shadow.active and self.shadow.shadowed(user, client_id):
+            return 0  # in shadow nothing waits (asked only when something would: the hot path)
         return wait
 
     # -- charging -----------------------------------------------------------------------------

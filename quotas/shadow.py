@@ -50,24 +50,22 @@ def validate_shadow(value: object, where: str) -> float:
 class ShadowPolicy:
     """Who is in shadow: the whole proxy (`everything`) or the entities that say so."""
 
-    __slots__ = ("_entities", "_prefixes", "_resolved", "everything")
+    __slots__ = ("_entities", "_prefixes", "_resolved", "active", "everything")
 
     def __init__(self, everything: bool = False) -> None:
         self.everything = everything
         self._entities: dict[QuotaEntity, float] = {}
         self._prefixes = PrefixIndex(())
         self._resolved: dict[tuple[str, str], bool] = {}
-
-    @property
-    def active(self) -> bool:
-        """Whether anything may be in shadow: the hot path's one test when nothing is."""
-        return self.everything or bool(self._entities)
+        #: whether anything may be in shadow: the hot path's one test when nothing is
+        self.active = everything
 
     def set_entities(self, entities: dict[QuotaEntity, float]) -> None:
         """The entities' `shadow` settings in force (1.0 shadow, 0.0 enforce); takes effect at once."""
         self._entities = dict(entities)
         self._prefixes = PrefixIndex(self._entities)
         self._resolved = {}
+        self.active = self.everything or bool(self._entities)
 
     def shadowed(self, user: str, client_id: str) -> bool:
         """Whether decisions for (user, client-id) are reported only."""
