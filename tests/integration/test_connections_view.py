@@ -41,6 +41,7 @@ from harness.kafka_jars import KAFKA_VERSION
 from harness.local_kafka import LocalKafka
 from protocol.apis import ApiKey
 from protocol.headers import encode_request_header
+from quotas.recent_traffic import RECENT_SECONDS
 
 from .clients import recv_exact, topic_name, wait_until
 from .conftest import JAVA_PRODUCER_PERF, QUOTA_SETTINGS, KafkaJava
@@ -138,7 +139,10 @@ def bed(kafka_cluster: LocalKafka, kafka_java: KafkaJava, tmp_path_factory: pyte
                            for row in rows) and rows[1] is not None and rows[1]["last_throttle_ms"] > 0
 
             wait_until(ready, 90, "the three producers' connections, the Java one throttled")
-            time.sleep(6)  # a whole rate window of steady traffic
+            # The rates are averages over the last RECENT_SECONDS: the rows' rate bands below hold
+            # only once a whole window has seen steady traffic, which no condition can show sooner
+            # (a rate that is already in band may still contain the start-up burst).
+            time.sleep(RECENT_SECONDS + 1)
             if java.poll() is not None:
                 assert java.stderr is not None
                 raise AssertionError(java.stderr.read().decode(errors="replace")[-3000:])
