@@ -2,7 +2,8 @@
 
 The quota source (and the admin API's store) that reads, watches and writes the nodes; where they live
 and what they hold is ``config/zookeeper_layout.py`` (paths, change notifications) and
-``config/config_form.py`` (entity paths, node data).
+``config/config_form.py`` (entity paths, node data), and what a read of them means (or a write leaves
+in one) is ``config/zookeeper_tree.py``.
 
 How changes arrive: every node read sets a one-shot watch; any watch event or reconnection wakes one
 background thread, which (after a short debounce) re-reads the whole tree, re-arming every watch, and
@@ -39,17 +40,7 @@ from quotas.engine import QuotaTable
 from quotas.entity import QuotaEntity
 from quotas.types import ConfigKey
 
-from .config_form import (
-    PREFIXES,
-    check_value,
-    decode_config,
-    encode_config,
-    entity_for_path,
-    entity_path,
-    format_value,
-    parse_quota_config,
-)
-from .quotas import QuotaConfigError
+from .config_form import PREFIXES, check_value, decode_config, encode_config, entity_path
 from .zookeeper_layout import (
     CHANGE_PREFIX,
     NOTIFICATION_EXPIRY_S,
@@ -60,6 +51,7 @@ from .zookeeper_layout import (
     is_change_notification,
     normalize_chroot,
 )
+from .zookeeper_tree import QuotaTree, altered_config
 
 log = logging.getLogger("kthrottle.config.zookeeper")
 
@@ -108,9 +100,7 @@ class ZooKeeperQuotas:
         self._client: KazooClient | None = None
         self._lock = threading.Lock()
         self._table: QuotaTable = {}
-        #: Per entity path: the node data last parsed and its result (None when invalid), so unchanged
-        #: nodes are neither parsed nor reported again on every re-read.
-        self._parsed: dict[str, tuple[bytes, dict[ConfigKey, float] | None]] = {}
+        self._tree = QuotaTree(self._where, self._root)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -138,7 +128,7 @@ class ZooKeeperQuotas:
         self._client = client
         client.add_listener(self._on_state)
         try:
-            table = self._build(self._read_tree(client))
+            table = self._tree.table(self._read_tree(client), self._table)
         except Exception as exc:
             self._client = None
             _close_quietly(client)
@@ -227,18 +217,7 @@ class ZooKeeperQuotas:
         notify = entity.client_id_prefix is None
         for _attempt in range(ALTER_ATTEMPTS):
             data, stat = self._get_or_none(client, path)
-            try:
-                config = decode_config(data)
-            except ValueError as exc:
-                log.warning(
-                    "ZooKeeper %s: %s holds invalid data (%s); overwriting it", self._where, path, exc
-                )
-                config = {}
-            for quota_type, value in ops.items():
-                if value is None:
-                    config.pop(quota_type.value, None)
-                else:
-                    config[quota_type.value] = format_value(quota_type, value)
+            config = altered_config(data, ops, path, self._where)
             if notify:
                 self._wait(client.ensure_path_async(changes))
             txn = client.transaction()
@@ -376,72 +355,6 @@ class ZooKeeperQuotas:
             found[relative] = data or b""
         return found
 
-    def _build(self, nodes: Mapping[str, bytes]) -> QuotaTable:
-        """The table for the nodes read; an invalid node keeps its entity's values from the last table."""
-        table: QuotaTable = {}
-        canonical: dict[QuotaEntity, bool] = {}
-        parsed: dict[str, tuple[bytes, dict[ConfigKey, float] | None]] = {}
-        for relative, data in sorted(nodes.items()):
-            try:
-                entity = entity_for_path(relative)
-            except (ValueError, UnicodeDecodeError) as exc:
-                if relative not in self._parsed:
-                    log.error(
-                        "ZooKeeper %s: ignoring %s/%s: not a sanitized entity name (%s)",
-                        self._where,
-                        self._root,
-                        relative,
-                        exc,
-                    )
-                parsed[relative] = (data, None)
-                continue
-            previous = self._parsed.get(relative)
-            if previous is not None and previous[0] == data:
-                values = previous[1]
-            else:
-                values = self._parse(entity, relative, data)
-            parsed[relative] = (data, values)
-            is_canonical = entity_path(entity) == relative
-            if entity in canonical and (canonical[entity] or not is_canonical):
-                log.warning(
-                    "ZooKeeper %s: %s/%s names %s again; ignored",
-                    self._where,
-                    self._root,
-                    relative,
-                    entity.describe(),
-                )
-                continue
-            canonical[entity] = is_canonical
-            if values is None:
-                values = self._table.get(entity)
-            if values:
-                table[entity] = dict(values)
-            else:
-                table.pop(entity, None)
-        self._parsed = parsed
-        return table
-
-    def _parse(self, entity: QuotaEntity, relative: str, data: bytes) -> dict[ConfigKey, float] | None:
-        """One node's quotas, or None (with an error naming the entity, key and value) when invalid."""
-        try:
-            return parse_quota_config(entity, decode_config(data))
-        except QuotaConfigError as exc:
-            problem = str(exc)
-        except (ValueError, UnicodeDecodeError) as exc:
-            problem = (
-                f"quota for {entity.describe()}: node data {data[:200]!r} is not Kafka's config JSON ({exc})"
-            )
-        kept = self._table.get(entity)
-        log.error(
-            "ZooKeeper %s: %s/%s: %s; %s",
-            self._where,
-            self._root,
-            relative,
-            problem,
-            f"keeping its last good quotas {_show(kept)}" if kept else "it has no last good quotas",
-        )
-        return None
-
     # ------------------------------------------------------------------ background thread
 
     def _on_state(self, state: str) -> None:
@@ -470,7 +383,7 @@ class ZooKeeperQuotas:
             if client is None or not client.connected:
                 continue  # the CONNECTED state change wakes us again
             try:
-                table = self._build(self._read_tree(client))
+                table = self._tree.table(self._read_tree(client), self._table)
             except Exception as exc:  # whatever it was, this thread must live on to resynchronise later
                 failure = repr(exc)
                 if failure != self._last_failure:
@@ -508,10 +421,6 @@ class ZooKeeperQuotas:
             self._on_change(table)
         except Exception:
             log.exception("ZooKeeper %s: the quota change callback failed", self._where)
-
-
-def _show(values: Mapping[ConfigKey, float] | None) -> str:
-    return "{" + ", ".join(f"{t.value}={v:g}" for t, v in (values or {}).items()) + "}"
 
 
 def _close_quietly(client: KazooClient) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from harness.local_kafka import LocalKafka
 from tests.integration.quota_runs import RunResult, report
-from tests.integration.test_fleet import GreedyProducer, static_fleet
-from tests.integration.test_quotas import _end_offsets, _topic
+from tests.integration.test_fleet import GreedyProducer, assert_each_record_once, static_fleet
+from tests.integration.test_quotas import _topic
 
 C = 1_500_000  # bytes/s, fleet-wide
 RUN_S = 42
@@ -80,4 +80,4 @@ def test_three_proxies_hold_one_capacity_3_1_1_through_a_lossy_relay(kafka_clust
         for name, expected in (("gold", 0.6), ("silver", 0.2), ("bronze", 0.2)):
             assert abs(shares[name] - expected) <= 0.12 * expected, shares
         assert all(abs(share - 0.6) <= 0.12 * 0.6 for share in fair), (fair, members[0].metrics())
-        assert _end_offsets(members[0].bootstrap, topic) == sum(p.result.records for p in producers)
+        assert_each_record_once(members[0].bootstrap, topic, producers)

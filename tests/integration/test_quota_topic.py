@@ -43,9 +43,9 @@ from .conftest import KafkaJava
 from .fuzz import _read_frame
 from .proxies import REPO, free_port_block
 from .quota_runs import report
-from .test_fleet import GreedyProducer, Member
+from .test_fleet import GreedyProducer, Member, assert_each_record_once
 from .test_quota_admin import configs
-from .test_quotas import _end_offsets, _topic
+from .test_quotas import _topic
 
 #: The two tests that measure a producer's rate against the quota are `quiet` (tests/quiet/): they
 #: run one at a time at the highest CPU weight, and the rest of the module adds little load beside
@@ -196,7 +196,7 @@ def test_a_change_through_one_member_is_enforced_by_the_others(kafka_cluster: Lo
         report(f"quota topic: a producer through C held to the quota set through A: {rate:,.0f} B/s over the "
                f"last 20 s of {RUN_S:.0f} ({rate / QUOTA:.3f}x {QUOTA:,} B/s)")
         assert 0.9 * QUOTA <= rate <= 1.1 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
-        assert _end_offsets(c.bootstrap, topic) == producer.result.records
+        assert_each_record_once(c.bootstrap, topic, [producer])
         assert c.metric("kthrottle_throttles_total", quota="producer_byte_rate", user="",
                         client_id=client) > 0
 
