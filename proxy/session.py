@@ -32,7 +32,7 @@ from protocol.frames import TLS_ON_PLAINTEXT
 from quotas.recent_traffic import RecentTraffic
 
 from .acceptor import listener_name
-from .observability.connections import ConnectionRow
+from .observability.connection_row import ConnectionRow
 from .ordered_writer import OrderedWriter, now_ms
 from .session_context import SessionContext
 from .tls import (

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from proxy.observability.connection_row import ConnectionRow
 from top.view import Line, fit, human_bytes
 
 #: Rows asked of each proxy (`/connections?limit=`): more than a screen shows, far below the
@@ -41,37 +41,6 @@ def printable(text: str | None) -> str:
     return text if text.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
-@dataclass(frozen=True)
-class ConnectionRow:
-    """One client connection of one proxy."""
-
-    proxy: str
-    connection: str
-    address: str
-    port: int
-    listener: str
-    principal: str
-    client_id: str | None
-    software_name: str | None
-    software_version: str | None
-    age_seconds: float
-    bytes_in: float
-    bytes_out: float
-    throttle_ms: int
-    last_throttle_ms: int
-
-    @property
-    def throughput(self) -> float:
-        return self.bytes_in + self.bytes_out
-
-    @property
-    def software(self) -> str:
-        if self.software_name is None:
-            return "-"
-        version = self.software_version
-        return f"{self.software_name}/{version}" if version else self.software_name
-
-
 @dataclass
 class ConnectionsScrape:
     """One proxy's `/connections` answer, or why there is none."""
@@ -83,36 +52,12 @@ class ConnectionsScrape:
     error: str | None = None
 
 
-def _text(row: dict[str, Any], key: str) -> str | None:
-    value = row.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{key} is {type(value).__name__}, not a string")
-    return value
-
-
 def parse_connections(url: str, body: str) -> ConnectionsScrape:
     """A `/connections` JSON answer; ValueError (naming the problem) when it is not one."""
     answer = json.loads(body)
     if not isinstance(answer, dict) or not isinstance(answer.get("connections"), list):
         raise ValueError("not a /connections answer (no connections list)")
-    rows = []
-    for item in answer["connections"]:
-        if not isinstance(item, dict):
-            raise ValueError("a connection is not an object")
-        rows.append(ConnectionRow(
-            proxy=url, connection=_text(item, "connection") or "", address=_text(item, "address") or "",
-            port=int(item.get("port") or 0), listener=_text(item, "listener") or "",
-            principal=_text(item, "principal") or "", client_id=_text(item, "client_id"),
-            software_name=_text(item, "client_software_name"),
-            software_version=_text(item, "client_software_version"),
-            age_seconds=float(item.get("age_seconds") or 0.0),
-            bytes_in=float(item.get("bytes_in_per_second") or 0.0),
-            bytes_out=float(item.get("bytes_out_per_second") or 0.0),
-            throttle_ms=int(item.get("throttle_ms") or 0),
-            last_throttle_ms=int(item.get("last_throttle_ms") or 0),
-        ))
+    rows = [ConnectionRow.from_json(item, url) for item in answer["connections"]]
     return ConnectionsScrape(url, rows, int(answer.get("open") or len(rows)),
                              int(answer.get("left_off") or 0))
 
@@ -183,8 +128,8 @@ COLUMNS: tuple[_Column, ...] = (
     _Column("CLIENT-ID", lambda r: printable(r.client_id), 1),
     _Column("SOFTWARE", lambda r: printable(r.software), 2, cap=48),
     _Column("AGE", lambda r: human_age(r.age_seconds), 5, width=6, left=False),
-    _Column("IN/s", lambda r: human_bytes(r.bytes_in), 1, width=8, left=False),
-    _Column("OUT/s", lambda r: human_bytes(r.bytes_out), 1, width=8, left=False),
+    _Column("IN/s", lambda r: human_bytes(r.bytes_in_per_second), 1, width=8, left=False),
+    _Column("OUT/s", lambda r: human_bytes(r.bytes_out_per_second), 1, width=8, left=False),
     _Column("THROTTLE", lambda r: f"{r.throttle_ms}ms", 2, width=8, left=False),
     _Column("LAST-THR", lambda r: f"{r.last_throttle_ms}ms", 5, width=8, left=False),
 )

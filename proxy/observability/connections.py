@@ -22,11 +22,12 @@ import heapq
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import parse_qs
 
 from quotas.recent_traffic import RECENT_SECONDS
+
+from .connection_row import ConnectionRow
 
 #: Rows unless `?limit=` says otherwise: Prometheus's metrics_max_entities default, and a few
 #: hundred KB of JSON.
@@ -36,42 +37,6 @@ DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 #: Sessions read per loop turn before yielding to the other connections.
 SLICE = 2000
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionRow:
-    """One open client connection as `/connections` shows it."""
-
-    connection: str
-    address: str
-    port: int
-    listener: str
-    principal: str
-    client_id: str | None
-    software_name: str | None
-    software_version: str | None
-    age_seconds: float
-    bytes_in_per_second: float
-    bytes_out_per_second: float
-    #: how long from now the connection stays muted (not read) by a throttle; 0: served normally
-    throttle_ms: int
-    #: the throttle time the proxy last decided for it (what its response's throttle_time_ms said)
-    last_throttle_ms: int
-
-    @property
-    def throughput(self) -> float:
-        return self.bytes_in_per_second + self.bytes_out_per_second
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "connection": self.connection, "address": self.address, "port": self.port,
-            "listener": self.listener, "principal": self.principal, "client_id": self.client_id,
-            "client_software_name": self.software_name, "client_software_version": self.software_version,
-            "age_seconds": round(self.age_seconds, 3),
-            "bytes_in_per_second": round(self.bytes_in_per_second, 1),
-            "bytes_out_per_second": round(self.bytes_out_per_second, 1),
-            "throttle_ms": self.throttle_ms, "last_throttle_ms": self.last_throttle_ms,
-        }
 
 
 class DescribedConnection(Protocol):

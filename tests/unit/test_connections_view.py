@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from proxy.observability.connection_row import ConnectionRow
 from proxy.observability.connections import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
-    ConnectionRow,
     ConnectionsView,
     LimitError,
     busiest,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from proxy.observability.connection_row import ConnectionRow
 from top.connections import (
     ConnectionsScrape,
     build_connections_view,
@@ -95,6 +97,19 @@ def test_malformed_answers_are_errors_for_the_screen() -> None:
         parse_connections(A, '{"rows": []}')
     with pytest.raises(ValueError, match="client_id is int"):
         parse_connections(A, _answer(_row("conn-1", 5, 1.0)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bytes_in_per_second is str"):
+        parse_connections(A, _answer(_row("conn-1", "etl", "1.0")))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a connection is not an object"):
+        parse_connections(A, '{"connections": [7]}')
+
+
+def test_a_row_reads_back_as_the_proxy_wrote_it() -> None:
+    row = ConnectionRow(connection="conn-9", address="::1", port=5, listener="broker-2", principal="User:a",
+                        client_id=None, software_name="librdkafka", software_version=None, age_seconds=1.5,
+                        bytes_in_per_second=10.0, bytes_out_per_second=2.5, throttle_ms=30,
+                        last_throttle_ms=40)
+    answer = json.dumps({"connections": [row.to_json()], "open": 1, "left_off": 0})
+    assert parse_connections(A, answer).rows == [replace(row, proxy=A)]
 
 
 def test_ages() -> None:
