@@ -42,6 +42,8 @@ LIVENESS_CHECK_S = 1.0
 LIVENESS_TIMEOUT_MS = 2000
 #: How long a change waits for the cluster's acknowledgement (acks=all) before it is refused.
 ALTER_TIMEOUT_S = 5.0
+#: Between two looks at a quota topic whose partition the broker asked does not show yet.
+TOPIC_METADATA_POLL_S = 0.2
 
 
 class KafkaQuotaError(RuntimeError):
@@ -320,8 +322,15 @@ class KafkaQuotas:
                              replication)
                 except TopicAlreadyExistsError:
                     pass  # another member made it first
-            (topic,) = admin.describe_topics([self.topic])
-            partitions = len(topic["partitions"])
+            # A topic another member has just created may show no partitions yet on the broker
+            # asked (its metadata not there yet; h30: two members starting at once): wait for it.
+            deadline = time.monotonic() + self._timeout
+            while True:
+                (topic,) = admin.describe_topics([self.topic])
+                partitions = len(topic["partitions"])
+                if partitions or time.monotonic() >= deadline:
+                    break
+                time.sleep(TOPIC_METADATA_POLL_S)
             if partitions != 1:
                 raise KafkaQuotaError(f"{self._where}: it has {partitions} partitions; the quota topic must "
                                       "have one, so that every member reads one order", fatal=True)
