@@ -547,6 +547,12 @@ def test_consumers_of_one_group_over_three_proxies(kafka_cluster: LocalKafka, tm
             assert fleet > local > 0, views
 
 
+#: How long the two members left are measured once the dead one's usage has faded. The producers'
+#: deliveries come in lumps of 1-1.9 MB a second after each throttle (h31), so over 10 s one lump
+#: more read 1.063x; over 20 s, as the other accuracy runs measure, it is half that.
+HELD_S = 20.0
+
+
 def test_a_member_killed_and_one_joining_mid_run(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     """kill -9 one of three: the other two hold the combined rate once its usage has faded out;
     a fourth starts mid-run with its own producer: no burst above 1.10x."""
@@ -563,7 +569,7 @@ def test_a_member_killed_and_one_joining_mid_run(kafka_cluster: LocalKafka, tmp_
         members[2].kill()
         producers[2].stop(abandon=True)
         faded = killed_at + DEAD_MEMBER_FADES_S
-        time.sleep(max(0.0, started + faded + 10 - time.monotonic()))
+        time.sleep(max(0.0, started + faded + HELD_S - time.monotonic()))
         peers = [f"127.0.0.1:{p}" for p in ports[:3]]
         fourth = Member(kafka_cluster.bootstrap, tmp_path, quotas, udp_port=ports[3], peers=peers)
         stack.callback(fourth.stop)
@@ -575,10 +581,11 @@ def test_a_member_killed_and_one_joining_mid_run(kafka_cluster: LocalKafka, tmp_
             producer.stop()
         everyone = combined(started, producers)
         after_kill = everyone.rate(killed_at + 3, killed_at + 13)
-        held = everyone.rate(faded, faded + 10)
+        held = everyone.rate(faded, faded + HELD_S)
         after_join = everyone.rate(joined_at, joined_at + 10)
         report(f"kill -9 of 1 of 3 members at {killed_at:.0f} s: {after_kill / QUOTA:.3f}x over the 10 s "
-               f"after one window, {held / QUOTA:.3f}x once its usage faded ({DEAD_MEMBER_FADES_S:.0f} s); "
+               f"after one window, {held / QUOTA:.3f}x over {HELD_S:.0f} s once its usage faded "
+               f"({DEAD_MEMBER_FADES_S:.0f} s); "
                f"a 4th member and producer joining at {joined_at:.0f} s: {after_join / QUOTA:.3f}x over 10 s")
         shape = f"acked kB per producer: {acked_timeline(started, producers, killed_at - 3, joined_at + 10)}"
         assert 0.9 * QUOTA <= held <= 1.05 * QUOTA, f"{held:,.0f} B/s held by the two left; {shape}"
