@@ -184,19 +184,24 @@ class GreedyProducer:
     """A librdkafka producer at full speed on its own thread until stopped; deliveries are timed.
 
     Not idempotent, as the fleet's figures were taken with (at-least-once, acks=1). `retries` counts
-    the Produce requests librdkafka sent again (its statistics' `txretries`): a byte-rate throttle has
-    no upper bound, in Kafka as here, so a request pipelined behind a long mute can outlast
-    request.timeout.ms (30 s) and be sent again on a new connection while the proxy, as a broker does,
+    what may have made librdkafka send records again: requests it retried (its statistics'
+    `txretries`), and requests that timed out or connections that dropped with requests in flight
+    (its error events; its message-level resends are in no statistic). A byte-rate throttle has no
+    upper bound, in Kafka as here, so a request pipelined behind a long mute can outlast
+    request.timeout.ms and be sent again on a new connection while the proxy, as a broker does,
     still delivers what the old one sent. Only then may a record land twice (`assert_each_record_once`).
     """
 
     def __init__(self, bootstrap: str, topic: str, started: float, client_id: str = PRODUCER) -> None:
         self.result = RunResult(started)
         self.topic = topic
-        self.retries = 0
+        self._retried = 0
+        #: librdkafka's error events that may have made it resend (timeouts, dropped connections)
+        self.resend_events: list[str] = []
         self._producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
                                    "acks": 1, "queue.buffering.max.kbytes": 4096,
-                                   "statistics.interval.ms": 500, "stats_cb": self._stats})
+                                   "statistics.interval.ms": 500, "stats_cb": self._stats,
+                                   "error_cb": self._error})
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -212,7 +217,15 @@ class GreedyProducer:
 
     def _stats(self, document: str) -> None:
         brokers = json.loads(document).get("brokers", {})
-        self.retries = sum(broker.get("txretries", 0) for broker in brokers.values())
+        self._retried = sum(broker.get("txretries", 0) for broker in brokers.values())
+
+    def _error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._MSG_TIMED_OUT):
+            self.resend_events.append(error.str())
+
+    @property
+    def retries(self) -> int:
+        return self._retried + len(self.resend_events)
 
     def _run(self) -> None:
         value = b"x" * VALUE_BYTES
@@ -254,7 +267,9 @@ def assert_each_record_once(bootstrap: str, topic: str, producers: list[GreedyPr
     if retries == 0:
         assert stored == acknowledged, f"{stored - acknowledged} records stored twice, none sent twice"
     elif stored > acknowledged:
-        report(f"{stored - acknowledged} records stored twice: librdkafka sent {retries} requests again")
+        events = [event for p in producers for event in p.resend_events][:3]
+        report(f"{stored - acknowledged} records stored twice: librdkafka retried or lost connections "
+               f"{retries} times ({events})")
 
 
 def combined(started: float, producers: list[GreedyProducer]) -> RunResult:
