@@ -56,6 +56,11 @@ def start_spark(workdir: str) -> SparkSession:
         .config("spark.sql.warehouse.dir", os.path.join(workdir, "warehouse"))
         .config("spark.local.dir", os.path.join(workdir, "scratch"))
         .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        # Spark keeps an idle Kafka producer for 10 minutes by default. The session outlives each test's
+        # proxy and cluster, so an idle writer went on reconnecting to their closed ports (into later
+        # tests' output) for minutes; close it once it has been idle 30 s instead.
+        .config("spark.kafka.producer.cache.timeout", "30s")
+        .config("spark.kafka.producer.cache.evictorThreadRunInterval", "10s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

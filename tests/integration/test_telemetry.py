@@ -168,7 +168,10 @@ def _produce_while_pushing(cluster: LocalKafka, java: KafkaJava, bootstrap: str,
     """The console producer writes one record every RECORD_INTERVAL_S until the broker has recorded
     PERIODIC_PUSHES pushes from it, then ends; returns how many records it was given."""
     config = workdir / f"{client_id}.properties"
-    config.write_text(f"client.id={client_id}\nacks=all\nlinger.ms=0\n{extra_config}")
+    # request.timeout.ms: the console producer's own default is 1.5 s, not the producer's 30 s. A busy
+    # machine can hold a request that long; the client then drops the connection, and after that the Java
+    # client pushes no more telemetry, through the proxy or direct alike (tried: a broker stopped for 35 s).
+    config.write_text(f"client.id={client_id}\nacks=all\nlinger.ms=0\nrequest.timeout.ms=30000\n{extra_config}")
     stderr = workdir / f"{client_id}.stderr"
     with open(stderr, "wb") as err:
         producer = subprocess.Popen(
