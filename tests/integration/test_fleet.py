@@ -652,6 +652,13 @@ def test_workers_share_one_producer_quota(kafka_cluster: LocalKafka, tmp_path: P
         assert member.alive()
 
 
+#: The producers run this long before ZooKeeper stops: one padded quota window (11 s) and a little.
+WARMUP_S = 12
+#: ZooKeeper stays down this long; the quota is measured over all of it but its first 2 s (20 s, as
+#: the other accuracy runs measure: throttled deliveries come in lumps of 1-2 MB).
+ZOOKEEPER_DOWN_S = 22
+
+
 def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     """Members found in ZooKeeper; ZooKeeper stopped mid-run: the two go on exchanging and hold the
     quota; started again: a third member registers and both others send to it."""
@@ -675,11 +682,13 @@ def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_
         producers = [GreedyProducer(m.bootstrap, topic, started) for m in members]
         for producer in producers:
             stack.callback(producer.stop, True)  # a failed assertion must not leave them running
-        time.sleep(6)
+        # Past the first quota window: the producers' opening burst and the long throttles that pay it
+        # back are behind (measured 8-18 s after the start, one run read 0.770x).
+        time.sleep(WARMUP_S)
         zookeeper.stop()
         stopped_at = time.monotonic() - started
         received = members[0].metric("kthrottle_fleet_datagrams_received_total")
-        time.sleep(12)
+        time.sleep(ZOOKEEPER_DOWN_S)
         assert members[0].metric("kthrottle_fleet_datagrams_received_total") >= received + 10
         for member in members:
             assert member.metric("kthrottle_fleet_members") == 2
@@ -691,8 +700,9 @@ def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_
             wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 3, 10, "3 members")
         for producer in producers:
             producer.stop()
-        rate = combined(started, producers).rate(stopped_at + 2, stopped_at + 12)
-        report(f"ZooKeeper membership, ZooKeeper down for 12 s: 2 producers held at {rate / QUOTA:.3f}x the "
+        rate = combined(started, producers).rate(stopped_at + 2, stopped_at + ZOOKEEPER_DOWN_S)
+        report(f"ZooKeeper membership, ZooKeeper down for {ZOOKEEPER_DOWN_S} s: 2 producers held at "
+               f"{rate / QUOTA:.3f}x the "
                "quota meanwhile")
         assert 0.85 * QUOTA <= rate <= 1.10 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
         assert "fleet membership: ZooKeeper at" in members[0].log()
