@@ -85,7 +85,7 @@ class QuotaTree:
                        f"JSON ({exc})")
         kept = last.get(entity)
         log.error("ZooKeeper %s: %s/%s: %s; %s", self._where, self._root, relative, problem,
-                  f"keeping its last good quotas {show(kept)}" if kept else "it has no last good quotas")
+                  f"keeping its last good quotas {_show(kept)}" if kept else "it has no last good quotas")
         return None
 
 
@@ -106,6 +106,6 @@ def altered_config(data: bytes | None, ops: Mapping[ConfigKey, float | None], pa
     return config
 
 
-def show(values: Mapping[ConfigKey, float] | None) -> str:
+def _show(values: Mapping[ConfigKey, float] | None) -> str:
     """Quotas as one log fragment: {producer_byte_rate=1e+06, ...}."""
     return "{" + ", ".join(f"{t.value}={v:g}" for t, v in (values or {}).items()) + "}"
