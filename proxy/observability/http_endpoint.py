@@ -73,6 +73,11 @@ class HttpEndpoint:
             pass
         except TimeoutError:
             log.info("metrics port: a client sent no complete request within %.0f s", HTTP_REQUEST_TIMEOUT_S)
+        except asyncio.CancelledError:
+            # The proxy is stopping mid-request. Not raised on: asyncio's streams (Python 3.11.7,
+            # StreamReaderProtocol.connection_made) ask a cancelled handler task for its exception,
+            # which raises, and log that as an error with a traceback.
+            pass
         finally:
             self._open -= 1
             writer.close()

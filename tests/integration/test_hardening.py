@@ -334,6 +334,23 @@ def test_clients_that_never_read_hold_bounded_memory(kafka_cluster: LocalKafka, 
 STORM = 'quota_window_num = 3\n\n[[quota]]\nclient_id = "<default>"\nrequest_percentage = 1000.0\n'
 
 
+def test_stopping_while_a_scrape_is_half_sent_logs_no_traceback(kafka_cluster: LocalKafka,
+                                                                tmp_path: Path) -> None:
+    """A proxy stopped while a metrics client has sent half a request: the handler is cancelled, and
+    Python 3.11's asyncio streams would log that as an error with a traceback (h35 saw two)."""
+    running = QuotaProxy(kafka_cluster.bootstrap, tmp_path, STORM)
+    try:
+        with socket.create_connection(("127.0.0.1", running.metrics_port), timeout=10) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # no blank line: the request never ends
+            time.sleep(0.5)
+            running.stop()
+    finally:
+        running.stop()
+    log = running.log()
+    assert running.process.returncode == 0, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
 def test_scrapes_never_fail_during_a_storm_of_client_ids(kafka_cluster: LocalKafka, tmp_path: Path) -> None:
     with QuotaProxy(kafka_cluster.bootstrap, tmp_path, STORM) as running:
         stop = threading.Event()
