@@ -79,17 +79,6 @@ URGENT_CHANGE_RATIO = 0.05
 #: delta syncs a second, each only of the entries that changed).
 URGENT_MIN_INTERVAL_MS = 10
 
-#: A peer's report that raises its rate for a bucket by at least this share of the bound since its
-#: previous one is a burst, and makes this member hold its own clients of that bucket for as long as
-#: Kafka's formula says on the fleet's rate (`ClientQuotaManager.peer_burst`). On one proxy a request's
-#: throttle sees every earlier request of its entity; in a fleet, when headroom opens, each member
-#: let its client's request through at the same moment seeing its peers' rates from before. Three
-#: idempotent librdkafka producers (five requests in flight, so what a mute withheld goes as one
-#: large request) got 1.14-1.20x of a quota through three members, 0.99-1.00x with this rule
-#: (0.97-0.98x for the suite's non-idempotent producers, 0.98-0.99x without it). Holding on every
-#: rise, not only a burst's, got 0.69x: a member then waited whenever a peer's client sent anything.
-PEER_BURST_RATIO = 0.10
-
 #: Between full syncs, a charged bucket is listed for a delta sync only when its rate moved by more
 #: than this share of its bound since it was last listed: what a peer's decision can be off by
 #: (1 % of the bound per member), without resending every small wobble of a bucket far below it.
@@ -159,16 +148,10 @@ class PeerView:
     else a loop over the peers that reported it.
     """
 
-    __slots__ = ("_peers", "burst_floor", "has_digests", "kind", "on_rise", "quota", "reports")
+    __slots__ = ("_peers", "has_digests", "kind", "quota", "reports")
 
     def __init__(self, peers: PeerUsage, quota: UsageKind, kind: StreamKind) -> None:
         self._peers = peers
-        #: told (key, rise, now_ms) when a peer reports a rate for a key higher by at least
-        #: `burst_floor` than before (a first report rises from 0): the manager decides whether that
-        #: is a burst for the key's bound; the floor (PEER_BURST_RATIO x its smallest bound) spares
-        #: the call for the many small rises of a report
-        self.on_rise: Callable[[tuple[str, str], float, int], None] | None = None
-        self.burst_floor = float("inf")
         self.quota = quota
         #: how its values are read: RATE (`rate`, fading) or LEVEL (`levels`, fresh only)
         self.kind = kind
@@ -358,13 +341,10 @@ class PeerUsage:
                     only = slots[0]
                     if only.sender is sender:
                         if rate > 0.0:
-                            rose = rate - only.rate
                             only.rate = reports.total = rate
                             only.updated_ms = now_ms
                             reports.fresh_until_ms = now_ms + stale_after
                             order.move_to_end(only)
-                            if rose >= view.burst_floor and view.on_rise is not None:
-                                view.on_rise(key, rose, now_ms)
                         else:
                             self._remove(only)
                         continue
@@ -375,13 +355,10 @@ class PeerUsage:
                             break
             if slot is not None and reports is not None:
                 if rate > 0.0:
-                    rose = rate - slot.rate
                     slot.rate = rate
                     slot.updated_ms = now_ms
                     order.move_to_end(slot)
                     reports.refresh(stale_after)
-                    if rose >= view.burst_floor and view.on_rise is not None:
-                        view.on_rise(key, rose, now_ms)
                 else:
                     self._remove(slot)
             elif rate > 0.0:
@@ -399,8 +376,6 @@ class PeerUsage:
                 sender.entries += 1
                 if len(user) > MAX_LITERAL_NAME_BYTES or len(client_id) > MAX_LITERAL_NAME_BYTES:
                     view.has_digests = True
-                if rate >= view.burst_floor and view.on_rise is not None:
-                    view.on_rise(key, rate, now_ms)
 
     def _remove(self, slot: _Slot) -> None:
         del self._order[slot]

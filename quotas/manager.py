@@ -40,7 +40,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from .entity import (
     DEFAULT,
@@ -51,7 +51,7 @@ from .entity import (
     prefix_bucket_entities,
     resolve_entity,
 )
-from .fleet import DELTA_CHANGE_OF_BOUND, PEER_BURST_RATIO, URGENT_CHANGE_RATIO, PeerView, UsageEntry
+from .fleet import DELTA_CHANGE_OF_BOUND, URGENT_CHANGE_RATIO, PeerView, UsageEntry
 from .rate import DEFAULT_WINDOW, WindowConfig, WindowedRate, WindowedStat
 from .throttle import bounded_throttle_time_ms, throttle_time_ms
 from .token_bucket import BURST_MS, KAFKA, QUOTA_SHAPES, SMOOTH, QuotaShape, TokenBucket
@@ -229,8 +229,6 @@ class ClientQuotaManager:
         #: buckets dropped by `expire_idle`, and dormant ones evicted early to make room
         self.expired_buckets = 0
         self.evicted_buckets = 0
-        #: times a peer's burst held this member's clients of a bucket (`peer_burst`)
-        self.peer_holds = 0
         #: peers' rates for this quota type (see fleet.py); None, a lone proxy, costs one test
         self.peers: PeerView | None = None
         #: with a fleet: buckets charged, and throttled (-> throttle end), since the last delta listing
@@ -244,7 +242,6 @@ class ClientQuotaManager:
     def set_quotas(self, quotas: dict[QuotaEntity, float]) -> None:
         """Replace the configured entities; buckets whose key still applies keep their history."""
         self.quotas = dict(quotas)
-        self._set_burst_floor()
         self.prefixes = PrefixIndex(self.quotas)
         self._retire_cache()
         # Kafka updates the quota of existing sensors at once. A bucket whose key no longer
@@ -437,44 +434,6 @@ class ClientQuotaManager:
         self._charged = set()
         self._throttled = {}
         self._urgent_keys = set()
-        if peers is not None:
-            peers.on_rise = self.peer_burst
-            self._set_burst_floor()
-
-    def _set_burst_floor(self) -> None:
-        """The smallest rise that can be a burst for some bound here (`PeerView.burst_floor`)."""
-        if self.peers is not None:
-            self.peers.burst_floor = PEER_BURST_RATIO * min(self.quotas.values(), default=float("inf"))
-
-    def peer_burst(self, key: tuple[str, str], rise: float, now_ms: int) -> None:
-        """A peer reported `rise` more usage of bucket `key` (wire form) than before. A burst (at least
-        PEER_BURST_RATIO of the bound) that puts the fleet over the bound holds this member's clients
-        of the bucket for as long as Kafka's formula says on the fleet's rate now (`hold_ms`), as one
-        proxy holds every connection of an entity after any of them was throttled; see
-        PEER_BURST_RATIO for why, and why only a burst. A name in digest form finds no bucket here.
-        """
-        bucket = self.buckets.get(cast(BucketKey, key))  # a named tuple: a plain one finds it
-        if bucket is None:
-            return
-        bound = bucket.bound
-        peers = self.peers
-        if rise < PEER_BURST_RATIO * bound or not bucket.applies or peers is None:
-            return  # the usual case, kept cheap: a report applies thousands of entries
-        observed, window_ms = bucket.rate.measure_with_window(now_ms)
-        observed += peers.rate(key, now_ms)
-        if observed <= bound:
-            return
-        if self.max_throttle_ms is None:
-            throttle = throttle_time_ms(observed, bound, window_ms)
-        else:
-            throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
-        until = now_ms + throttle
-        if until > bucket.throttled_until_ms:
-            bucket.throttled_until_ms = until
-            self._throttled[BucketKey(*key)] = until  # listed while it waits (peers see it fall)
-            self.peer_holds += 1
-            if until > self.throttled_until_ms:
-                self.throttled_until_ms = until
 
     def _ask_urgent(self) -> None:
         self._urgent_asked = True

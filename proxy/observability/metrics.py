@@ -173,22 +173,15 @@ class QuotaCollector(Collector):
             "Quota buckets dropped: 'expired' once their window passed with nothing to keep, 'evicted' "
             "(dormant ones, history already gone) to make room under max_quota_buckets",
             labels=["quota", "why"])
-        peer_holds = None if fleet is None else CounterMetricFamily(
-            "kthrottle_fleet_peer_holds",
-            "Times a peer's burst held this member's clients of a bucket (quotas/fleet.py PEER_BURST_RATIO)",
-            labels=["quota"])
         for quota_type, manager in self.engine.all_managers().items():
             buckets.add_metric([quota_type.value], len(manager.buckets))
-            if peer_holds is not None:
-                peer_holds.add_metric([quota_type.value], manager.peer_holds)
             if manager.max_buckets is not None:
                 cap.add_metric([quota_type.value], manager.max_buckets)
             overflow.add_metric([quota_type.value], manager.overflow_charges)
             dropped.add_metric([quota_type.value, "expired"], manager.expired_buckets)
             dropped.add_metric([quota_type.value, "evicted"], manager.evicted_buckets)
         self._families = [*rates.values(), *fleet_rates.values(), tokens, limit, throttle_avg, throttle_max,
-                          throttle_total, throttles, buckets, cap, overflow, dropped,
-                          *([] if peer_holds is None else [peer_holds])]
+                          throttle_total, throttles, buckets, cap, overflow, dropped]
 
 
 class ProxyMetrics:

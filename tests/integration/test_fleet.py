@@ -183,8 +183,7 @@ def static_fleet(stack: ExitStack, cluster: LocalKafka, workdir: Path, quotas: s
 class GreedyProducer:
     """A librdkafka producer at full speed on its own thread until stopped; deliveries are timed.
 
-    Not idempotent unless asked (at-least-once, acks=1, as most of the fleet's figures were taken
-    with; `idempotent` as Java's producers are by default). `retries` counts
+    Not idempotent, as the fleet's figures were taken with (at-least-once, acks=1). `retries` counts
     what may have made librdkafka send records again: requests it retried (its statistics'
     `txretries`), and requests that timed out or connections that dropped with requests in flight
     (its error events; its message-level resends are in no statistic). A byte-rate throttle has no
@@ -193,17 +192,14 @@ class GreedyProducer:
     still delivers what the old one sent. Only then may a record land twice (`assert_each_record_once`).
     """
 
-    def __init__(self, bootstrap: str, topic: str, started: float, client_id: str = PRODUCER,
-                 idempotent: bool = False) -> None:
+    def __init__(self, bootstrap: str, topic: str, started: float, client_id: str = PRODUCER) -> None:
         self.result = RunResult(started)
         self.topic = topic
         self._retried = 0
         #: librdkafka's error events that may have made it resend (timeouts, dropped connections)
         self.resend_events: list[str] = []
-        # idempotent: five requests in flight and acks=all, as Java's producer by default
-        delivery = {"enable.idempotence": True, "acks": "all"} if idempotent else {"acks": 1}
         self._producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
-                                   **delivery, "queue.buffering.max.kbytes": 4096,
+                                   "acks": 1, "queue.buffering.max.kbytes": 4096,
                                    "statistics.interval.ms": 500, "stats_cb": self._stats,
                                    "error_cb": self._error})
         self._lock = threading.Lock()
@@ -444,35 +440,6 @@ def test_three_proxies_hold_three_producers_to_one_quota(kafka_cluster: LocalKaf
             assert member.metric("kthrottle_throttles_total", **PRODUCE_LABELS) > 0
             assert member.metric("kthrottle_quota_limit", **PRODUCE_LABELS) == QUOTA
         assert all(m.alive() for m in members)
-
-
-def test_three_proxies_hold_three_idempotent_producers_to_one_quota(kafka_cluster: LocalKafka,
-                                                                    tmp_path: Path) -> None:
-    """Idempotent producers (five requests in flight, so what a mute withheld goes as one large
-    request): when headroom opens, each member lets its client's request through seeing its peers'
-    rates from before; a peer's burst then holds the others' clients (quotas/fleet.py
-    PEER_BURST_RATIO). Without that rule three members let these producers have 1.14-1.20x."""
-    with ExitStack() as stack:
-        members, _ports, _relay = static_fleet(stack, kafka_cluster, tmp_path,
-                                               quota_text(producer_byte_rate=QUOTA))
-        for member in members:
-            wait_until(lambda m=member: m.metric("kthrottle_fleet_members") == 3, 10, "3 members")
-        topic = _topic(members[0].bootstrap, "fleet-idempotent")
-        started = time.monotonic()
-        producers = [GreedyProducer(m.bootstrap, topic, started, idempotent=True) for m in members]
-        for producer in producers:
-            stack.callback(producer.stop, True)  # a failed assertion must not leave them running
-        time.sleep(max(0.0, started + RUN_S - time.monotonic()))
-        for producer in producers:
-            producer.stop()
-        rate = combined(started, producers).rate(RUN_S - 20, RUN_S)
-        holds = [member.metric("kthrottle_fleet_peer_holds_total", quota="producer_byte_rate")
-                 for member in members]
-        report(f"fleet of 3, 3 idempotent librdkafka producers: {rate / QUOTA:.3f}x the quota over the last "
-               f"20 s; peers' bursts held a member's clients {', '.join(f'{h:.0f}' for h in holds)} times")
-        assert 0.9 * QUOTA <= rate <= 1.07 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
-        assert sum(holds) > 0, "no member was held by a peer's burst: the test shows nothing"
-        assert_each_record_once(members[0].bootstrap, topic, producers)
 
 
 class CreateTopicsLoop:

@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import quotas.manager
 from quotas.engine import EngineConfig, QuotaEngine
 from quotas.entity import DEFAULT, QuotaEntity
 from quotas.fleet import (
@@ -44,7 +43,6 @@ from quotas.types import QuotaType
 from tests.integration.quota_runs import slope
 
 P, F, R, PIDS = QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST, QuotaType.PRODUCER_IDS
-PRODUCE_KEY = 0  # the Produce API
 SECRET = b"fleet-secret-0123456789abcdef-32"
 FLEET = "lkc-7xq2mv0k3bTQ2mCJ0Kg"  # a cluster id, the default fleet name
 NOW = 1_700_000_000_000
@@ -464,28 +462,6 @@ def test_the_decision_uses_local_plus_peers_with_kafkas_formula() -> None:
     assert (verdict.throttle_ms, verdict.quota) == (2100, P)
 
 
-def test_a_peers_burst_holds_this_members_clients_as_kafkas_formula_says_and_a_small_rise_does_not() -> None:
-    """One proxy holds every connection of an entity once one was throttled; a member learns of a
-    peer's request only from its report, so a burst reported (a rise of PEER_BURST_RATIO of the bound
-    or more) holds this member's clients of the bucket for as long as the fleet's rate says."""
-    engine, peers = fleet_engine()
-    manager = engine.managers[P]
-    assert engine.charge("u", "c", 0, produce_bytes=1_000_000).throttle_ms == 0  # 0.5 MB/s over 2 s
-    assert engine.hold_ms("u", "c", PRODUCE_KEY, 10) == 0
-    peers.accept(report(2, 1, (P, "", "c", 1_900_000.0)), 10)  # a burst, the fleet at 2.4 MB/s: under
-    assert engine.hold_ms("u", "c", PRODUCE_KEY, 10) == 0
-    peers.accept(report(2, 2, (P, "", "c", 2_400_000.0)), 20)  # +0.5 MB/s: 2.9 MB/s against 2.5
-    # Kafka's formula on the fleet's rate: (2.9 - 2.5) / 2.5 x the padded window of 2.02 s, 319 ms
-    # from t=20 (the local rate over that window is a little under 0.5 MB/s)
-    assert 315 <= engine.hold_ms("u", "c", PRODUCE_KEY, 20) <= 320
-    assert manager.peer_holds == 1
-    assert engine.hold_ms("u", "other", PRODUCE_KEY, 20) == 0  # another bucket waits for nothing
-    assert engine.hold_ms("u", "c", PRODUCE_KEY, 340) == 0
-    peers.accept(report(2, 3, (P, "", "c", 2_600_000.0)), 400)  # +0.2 MB/s, under a tenth: no burst
-    assert engine.hold_ms("u", "c", PRODUCE_KEY, 400) == 0
-    assert manager.peer_holds == 1
-
-
 def test_local_usage_lists_every_live_bucket_or_what_moved_among_those_charged_or_throttled() -> None:
     engine, _ = fleet_engine()
     engine.set_quotas({CLIENT: {P: QUOTA, R: 50.0}, QuotaEntity(None, "d"): {P: 400.0}})
@@ -683,18 +659,6 @@ def fitted_rate(run: Run, since_ms: float, until_ms: float, members: tuple[int, 
 def test_three_members_hold_three_greedy_producers_to_one_quota(drop: float) -> None:
     rates = sorted(fitted_rate(replay_fleet(seed, drop=drop), 10_000, 30_000) for seed in range(20))
     assert rates[0] >= 0.95 and rates[-1] <= 1.05, f"{rates[0]:.3f}..{rates[-1]:.3f}"
-
-
-def test_large_requests_from_three_members_are_held_to_one_quota_by_the_burst_rule(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Requests of 0.4 of the quota each (what an idempotent producer withheld during a mute goes
-    as one request): every member lets its client's through when headroom opens, each seeing its
-    peers' rates from before. The burst rule holds them; without it the fleet overshoots."""
-    rates = sorted(fitted_rate(replay_fleet(seed, size=1_000_000), 10_000, 30_000) for seed in range(10))
-    assert rates[0] >= 0.92 and rates[-1] <= 1.05, f"{rates[0]:.3f}..{rates[-1]:.3f}"
-    monkeypatch.setattr(quotas.manager, "PEER_BURST_RATIO", float("inf"))
-    without = sorted(fitted_rate(replay_fleet(seed, size=1_000_000), 10_000, 30_000) for seed in range(10))
-    assert without[-1] > 1.05, f"without the rule {without[0]:.3f}..{without[-1]:.3f}"
 
 
 def test_without_the_fleet_three_members_give_three_times_the_quota() -> None:
