@@ -22,6 +22,7 @@ import errno
 import os
 import random
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +35,10 @@ LOWEST = 10_000
 #: How long a port handed out stays reserved in this process (a JVM binds its ports within this).
 _HELD_S = 300.0
 _handed_out: dict[int, float] = {}
+#: Held while a search picks and reserves a block: tests start several servers from threads at once
+#: (a fleet's members), and two searches once picked one metrics port between check and reservation
+#: (h36: "failed to bind to 0.0.0.0:21054 (metrics_port): Address already in use").
+_searching = threading.Lock()
 
 
 def ephemeral_low() -> int:
@@ -97,17 +102,18 @@ def free_port_block(size: int, host: str = "0.0.0.0", kind: socket.SocketKind = 
     """A port P with P .. P+size-1 all free and not handed out recently (a proxy maps node N to
     P + 1 + N). Raises naming the range when none is left."""
     low, high = port_range()
-    now = time.monotonic()
     span = high - low - size
     if span <= 0:
         raise RuntimeError(f"no block of {size} ports fits in {low}-{high} ({PORTS_ENV})")
-    first = low + random.randrange(span)
-    for base in [*range(first, high - size, size + 1), *range(low, first, size + 1)]:
-        block = range(base, base + size)
-        if not any(_held(p, now) for p in block) and all(port_free(p, host, kind) for p in block):
-            for p in block:
-                _handed_out[p] = now
-            return base
+    with _searching:
+        now = time.monotonic()
+        first = low + random.randrange(span)
+        for base in [*range(first, high - size, size + 1), *range(low, first, size + 1)]:
+            block = range(base, base + size)
+            if not any(_held(p, now) for p in block) and all(port_free(p, host, kind) for p in block):
+                for p in block:
+                    _handed_out[p] = now
+                return base
     raise RuntimeError(f"no block of {size} free ports in {low}-{high} ({PORTS_ENV})")
 
 

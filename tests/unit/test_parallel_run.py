@@ -171,6 +171,27 @@ def test_ports_come_from_the_slice_and_are_not_handed_out_twice(monkeypatch: pyt
         assert not ports.port_free(got[0])
 
 
+def test_threads_searching_at_once_are_never_handed_one_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet's members start from threads at once; two searches once picked one metrics port (h36)."""
+    _low, high = ports.port_range()
+    low = high - 1200
+    monkeypatch.setenv(ports.PORTS_ENV, f"{low}-{high - 400}")  # beside the window the test above takes
+    got: list[int] = []
+    start = threading.Barrier(8)
+
+    def pick() -> None:
+        start.wait()
+        for _ in range(40):
+            got.append(ports.free_port_block(1))
+
+    threads = [threading.Thread(target=pick) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(got) == 320 and len(set(got)) == 320, sorted(p for p in got if got.count(p) > 1)
+
+
 def test_a_bad_port_range_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ports.PORTS_ENV, "12000")
     with pytest.raises(RuntimeError, match="KTHROTTLE_PORTS='12000' is not LO-HI"):
