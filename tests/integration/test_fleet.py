@@ -702,8 +702,7 @@ def test_zookeeper_membership_survives_an_outage(kafka_cluster: LocalKafka, tmp_
             producer.stop()
         rate = combined(started, producers).rate(stopped_at + 2, stopped_at + ZOOKEEPER_DOWN_S)
         report(f"ZooKeeper membership, ZooKeeper down for {ZOOKEEPER_DOWN_S} s: 2 producers held at "
-               f"{rate / QUOTA:.3f}x the "
-               "quota meanwhile")
+               f"{rate / QUOTA:.3f}x the quota meanwhile")
         assert 0.85 * QUOTA <= rate <= 1.10 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
         assert "fleet membership: ZooKeeper at" in members[0].log()
 
