@@ -117,6 +117,8 @@ class _Sender:
         self._in_flight_events = 0
         self._stopping = False
         self._closed = False
+        #: the thread is reaching the cluster (a bootstrap blocks up to BOOTSTRAP_TIMEOUT_MS)
+        self._connecting = False
         self._deadline = 0.0
         self._producer: Any = None
         self._thread = threading.Thread(target=self._run, name="kthrottle-usage", daemon=True)
@@ -147,12 +149,21 @@ class _Sender:
                         self.usage.max_pending_intervals, self.usage.buffer_memory)
 
     def stop(self, timeout_s: float) -> None:
-        """Send what is queued within `timeout_s`, then close (called from an executor thread)."""
+        """Send what is queued within `timeout_s`, then close (called from an executor thread).
+
+        A thread still reaching the cluster has nothing handed to a producer, and kafka-python's
+        bootstrap cannot be interrupted: it is left to end on its own (a daemon thread) and what
+        waits for it counts as lost now, so shutdown does not wait out a bootstrap to an
+        unreachable cluster (h38: the proxy outlived a supervisor's 10 s)."""
         with self._cond:
             self._stopping = True
             self._deadline = time.monotonic() + timeout_s
             self._cond.notify()
-        self._thread.join(timeout_s + 1.0)
+        end = self._deadline + 1.0
+        while self._thread.is_alive() and not self._connecting and time.monotonic() < end:
+            self._thread.join(0.05)
+        if self._thread.is_alive():
+            self._count_lost()
 
     # -- the thread ---------------------------------------------------------------------------------
 
@@ -169,7 +180,11 @@ class _Sender:
                 if self._producer is None:  # at once, not at the first event: a bad setting shows early
                     if self._stopping and not self._pending:
                         break
-                    self._producer = self._connect()
+                    self._connecting = True
+                    try:
+                        self._producer = self._connect()
+                    finally:
+                        self._connecting = False
                     if self._producer is None:
                         if self._stopping:
                             break
@@ -204,7 +219,13 @@ class _Sender:
                 log.warning("usage events: not all acknowledged at shutdown: %s", exc)
             with contextlib.suppress(Exception):  # closing at shutdown; nothing left to do
                 producer.close(timeout=0.5)
+        self._count_lost()
+
+    def _count_lost(self) -> None:
+        """Count what was not written as lost, once (by the thread's close or by `stop`)."""
         with self._cond:
+            if self._closed:
+                return
             lost = self._queued_events + self._in_flight_events
             self._closed = True  # a late callback of a record counted here counts nothing more
             self._pending.clear()
