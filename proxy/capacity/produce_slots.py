@@ -92,10 +92,10 @@ class ProduceSlots:
         slots = self.concurrency.slots(session.broker)
         shadow = self.shadow
         if shadow is not None and shadow.active and shadow.shadowed(principal, client_id):
-            if not slots.start_anyway(tenant, weight):
+            if not slots.start_anyway(tenant, weight, _now_ms()):
                 self.waits.labels(str(session.broker), "shadow").inc()
             return (self._generation, tenant), True
-        if slots.acquire(tenant, weight, session):
+        if slots.acquire(tenant, weight, session, _now_ms()):
             return (self._generation, tenant), True
         self.waits.labels(str(session.broker), "enforced").inc()
         return (self._generation, tenant), False
@@ -117,11 +117,11 @@ class ProduceSlots:
     def _changed(self, change: LimitChange) -> None:
         self.limit.labels(str(change.broker)).set(change.new)
         if change.new < change.old:
-            log.info("broker %d Produce limit %.1f -> %.1f: p90 %.0f ms > %.0f ms", change.broker,
-                     change.old, change.new, change.p90_ms, change.bound_ms)
+            log.info("broker %d Produce limit %.1f -> %.1f: tail %.0f ms > %.0f ms", change.broker,
+                     change.old, change.new, change.tail_ms, change.bound_ms)
         elif change.new >= MAX_LIMIT:
-            log.info("broker %d Produce limit %.1f -> none: p90 %.0f ms <= %.0f ms", change.broker,
-                     change.old, change.p90_ms, change.bound_ms)
+            log.info("broker %d Produce limit %.1f -> none: tail %.0f ms <= %.0f ms", change.broker,
+                     change.old, change.tail_ms, change.bound_ms)
 
 
 class SessionSlots:

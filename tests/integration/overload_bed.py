@@ -1,7 +1,7 @@
 """The overload bed (issue 27): a cluster whose broker, not this machine, is what overloads.
 
 - One broker, its JVM held to BROKER_CORES of a core by a cgroup CPU quota (harness/cpu_limit.py,
-  10 ms period), after its JIT has warmed up.
+  2 ms period: that module says why), after its JIT has warmed up.
 - The bed's topic has `compression.type=gzip` at level 9, and the producers send incompressible
   records uncompressed, so the broker compresses every byte it appends: its CPU per byte is high
   while the clients' and the proxy's stay low. The broker saturates at about 12-30 MB/s, a rate

@@ -7,17 +7,12 @@ One run, in order:
    bare proxy): gold's p99 rises at least OFF_RATIO x, so the bed shows something through the
    proxy too.
 3. through a proxy with adaptive on, controller "concurrency" (each broker's Produce requests in
-   flight limited by latency, quotas/broker_concurrency.py): the limit engages, gold's p99 is
-   below the bare proxy's, the goodput at least GOODPUT_VS_OFF of it (holding
-   requests in the proxy costs no throughput), and once the overload stops, with gold alone, the
-   limit is gone (back at its maximum) within RECOVERY_S.
+   flight limited by latency, quotas/broker_concurrency.py): the limit engages, and the issue's two
+   targets hold at once: gold's p99 at most P99_TARGET x its quiet p99 + P99_SLACK_MS, and the
+   goodput at least GOODPUT_TARGET x direct's. Once the overload stops, with gold alone, the limit
+   is gone (back at its maximum) within RECOVERY_S.
 
-The issue's two targets (gold's p99 at most 2 x quiet + 5 ms, goodput at least 0.85 x direct) are
-reported, not asserted. Neither is reachable here by a proxy: the bare proxy itself takes
-0.61-0.77 x direct's goodput on this 2-core machine (its CPU is the clients' and the broker's), and
-gold's p99 cannot go below one best-effort request's time at the broker, which a proxy cannot
-split or pre-empt (with one request in flight at a time, gold's p99 was 21 ms against a target of
-11 ms). docs/protecting-the-cluster.md has the figures and the command.
+docs/protecting-the-cluster.md has the figures and the command.
 """
 
 from __future__ import annotations
@@ -52,11 +47,10 @@ pytestmark = [pytest.mark.quiet, pytest.mark.alone]
 OVERLOAD_RATIO = 5.0
 OFF_RATIO = 3.0
 RECOVERY_S = 20.0
-#: With the limit, gold's p99 is 18-31 ms however hard the bare proxy is hit (47-573 ms in eight runs),
-#: so the ratio is 0.05-0.54 when the bed overloads hard and 0.93 when it did not (h19: 30.5 against
-#: 32.8 ms): the test asserts only that the limit never makes gold's tail worse, and reports the ratio.
-P99_VS_OFF = 1.0
-GOODPUT_VS_OFF = 0.85
+#: the issue's targets: gold's p99 at most 2 x quiet + 5 ms, goodput at least 0.85 x direct's
+P99_TARGET = 2.0
+P99_SLACK_MS = 5.0
+GOODPUT_TARGET = 0.85
 #: what adaptive capacity answers latency with on this bed (docs/protecting-the-cluster.md)
 KEPT = "concurrency"
 LIMIT = "kthrottle_broker_produce_limit"
@@ -133,6 +127,6 @@ def test_the_bed_overloads_at_the_broker_and_the_concurrency_limit_protects_gold
     assert direct.p99 >= OVERLOAD_RATIO * direct_alone.p99, "the bed did not overload the broker"
     assert off.p99 >= OFF_RATIO * off_alone.p99, "adaptive off: gold did not suffer, the run shows nothing"
     assert lowest < MAX_LIMIT, "the broker's Produce limit never engaged"
-    assert on.p99 < P99_VS_OFF * off.p99, "the limit made gold's tail longer than the bare proxy's"
-    assert on.goodput >= GOODPUT_VS_OFF * off.goodput, "the limit cost throughput"
+    assert on.p99 <= P99_TARGET * on_alone.p99 + P99_SLACK_MS, "gold's p99 is above the issue's target"
+    assert on.goodput >= GOODPUT_TARGET * capacity, "the limit cost more throughput than the issue allows"
     assert back <= RECOVERY_S, f"the limit was still there {back:.0f} s after the overload"
