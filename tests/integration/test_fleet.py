@@ -640,7 +640,11 @@ def test_workers_share_one_producer_quota(kafka_cluster: LocalKafka, tmp_path: P
         rate = producer.result.rate(RUN_S - 20, RUN_S)
         report(f"--workers 2, one librdkafka producer over both: quota {QUOTA:,} B/s, measured "
                f"{rate:,.0f} B/s over the last 20 s ({rate / QUOTA:.3f}x)")
-        assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA, f"{rate:,.0f} B/s against {QUOTA:,}"
+        # h41 read 0.877x once: say which worker carried what (fleet rate, own rate) when it happens
+        shown = [sampler.mean(worker, RUN_S - 20, RUN_S) for worker in (0, 1)]
+        assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA, (
+            f"{rate:,.0f} B/s against {QUOTA:,}; workers' (fleet, own) rates over those 20 s: "
+            + ", ".join(f"{fleet:,.0f} / {own:,.0f}" for fleet, own in shown))
         assert_fleet_rate_shown(sampler, 2, rate, "--workers 2")
         pids = dict(re.findall(r"worker (\d) started \(pid (\d+)\)", member.log()))
         os.kill(int(pids["1"]), signal.SIGKILL)
