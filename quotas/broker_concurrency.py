@@ -128,7 +128,7 @@ class BrokerSlots(Generic[W]):
         return self._waiting
 
     def owned(self, tenant: Hashable) -> int:
-        """The slots `tenant` owns now (its whole share of the limit; 0 if unknown or idle)."""
+        """The slots `tenant` owns now: 1 if its share of the limit is a whole slot, else 0."""
         entry = self._tenants.get(tenant)
         return 0 if entry is None else entry.owned
 
