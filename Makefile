@@ -62,6 +62,7 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.connections
 	$(PY) -m bench.capacity
 	$(PY) -m bench.overload
+	$(PY) -m bench.fetch_overload
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -5,7 +5,7 @@ producers in the same process as gold, gold's measured latency was mostly the wa
 which is the client's queue, not the broker's. Here gold has a process to itself and the
 producers another, so what gold measures is the proxy and the broker.
 
-Run as `python -m tests.integration.bed_clients gold|flat BOOTSTRAP TOPIC SECONDS [options]`;
+Run as `python -m tests.integration.bed_clients gold|flat|consume BOOTSTRAP TOPIC SECONDS [options]`;
 each prints one JSON line when done. `BedClient` starts one and reads that line.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from tests.integration.quota_runs import RunResult, produce_for
+from tests.integration.quota_runs import RunResult, consume_for, produce_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,10 +33,16 @@ GOLD_RATE = 200
 GOLD_RECORD = 1000
 
 
-def gold(bootstrap: str, topic: str, seconds: float, client_id: str) -> dict[str, Any]:
+def _tls(ssl_ca: str | None) -> dict[str, str]:
+    """librdkafka over the broker's SSL listener, trusting `ssl_ca` (none: plaintext)."""
+    return {} if ssl_ca is None else {"security.protocol": "SSL", "ssl.ca.location": ssl_ca}
+
+
+def gold(bootstrap: str, topic: str, seconds: float, client_id: str,
+         ssl_ca: str | None = None) -> dict[str, Any]:
     """Each record's produce-to-ack latency in ms, in the order sent, and the errors."""
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
-                         "linger.ms": 0})
+                         "linger.ms": 0, **_tls(ssl_ca)})
     latencies: list[tuple[float, float]] = []
     errors: list[str] = []
     value = b"g" * GOLD_RECORD
@@ -85,6 +91,36 @@ def flat(bootstrap: str, topic: str, seconds: float, producers: int, value_bytes
     return {"acked": acked, "value_bytes": value_bytes, "errors": []}
 
 
+def consume(bootstrap: str, topic: str, seconds: float, consumers: int,
+            ssl_ca: str | None = None) -> dict[str, Any]:
+    """`consumers` librdkafka consumers flat out, each in a group of its own from the earliest
+    offset (a backlog to catch up on), client id `best-effort-<n>`; the record bytes each received
+    in each second."""
+    start = time.monotonic()
+    per_second: list[list[int]] = [[0] * (int(seconds) + 1) for _ in range(consumers)]
+    failed: list[str] = []
+
+    def run(n: int) -> None:
+        try:
+            result, _offsets = consume_for(bootstrap, topic, seconds, **{
+                "group.id": f"best-effort-{n}-{os.getpid()}", "client.id": f"best-effort-{n}",
+                "enable.auto.commit": False, **_tls(ssl_ca)})
+        except Exception as error:  # reported in the JSON line: the caller's assertion names it
+            failed.append(repr(error))
+            return
+        failed.extend(result.errors[:2])
+        for at, size in result.events:
+            second = min(int(at - start), int(seconds))
+            per_second[n][second] += size
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(consumers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"consumed": per_second, "errors": failed[:5]}
+
+
 @dataclass
 class BedResult:
     """What one client process printed."""
@@ -102,6 +138,11 @@ class BedResult:
         count = sum(1 for times in self.data["acked"] for t in times if start_s <= t < end_s)
         return count * self.data["value_bytes"] / (end_s - start_s)
 
+    def consumed(self, start_s: int, end_s: int) -> float:
+        """Record bytes/s the flat-out consumers received between whole seconds `start_s` and `end_s`."""
+        assert not self.data["errors"], self.data["errors"]
+        return sum(sum(seconds[start_s:end_s]) for seconds in self.data["consumed"]) / (end_s - start_s)
+
 
 class BedClient:
     """One client process; `result()` waits for its line."""
@@ -116,8 +157,16 @@ class BedClient:
         return BedResult(json.loads(out.strip().splitlines()[-1]))
 
 
-def start_gold(bootstrap: str, topic: str, seconds: float, client_id: str = "gold") -> BedClient:
-    return BedClient("gold", bootstrap, topic, str(seconds), "--client-id", client_id)
+def start_gold(bootstrap: str, topic: str, seconds: float, client_id: str = "gold",
+               ssl_ca: str | None = None) -> BedClient:
+    tls = [] if ssl_ca is None else ["--ssl-ca", ssl_ca]
+    return BedClient("gold", bootstrap, topic, str(seconds), "--client-id", client_id, *tls)
+
+
+def start_consumers(bootstrap: str, topic: str, seconds: float, consumers: int = 3,
+                    ssl_ca: str | None = None) -> BedClient:
+    tls = [] if ssl_ca is None else ["--ssl-ca", ssl_ca]
+    return BedClient("consume", bootstrap, topic, str(seconds), "--consumers", str(consumers), *tls)
 
 
 def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, value_bytes: int = 4000,
@@ -129,7 +178,7 @@ def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, v
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["gold", "flat"])
+    parser.add_argument("kind", choices=["gold", "flat", "consume"])
     parser.add_argument("bootstrap")
     parser.add_argument("topic")
     parser.add_argument("seconds", type=float)
@@ -138,9 +187,13 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=4000)
     parser.add_argument("--batch-bytes", type=int, default=16384)
     parser.add_argument("--offered-rate", type=float, default=None)
+    parser.add_argument("--consumers", type=int, default=3)
+    parser.add_argument("--ssl-ca", default=None)
     args = parser.parse_args()
     if args.kind == "gold":
-        out = gold(args.bootstrap, args.topic, args.seconds, args.client_id)
+        out = gold(args.bootstrap, args.topic, args.seconds, args.client_id, args.ssl_ca)
+    elif args.kind == "consume":
+        out = consume(args.bootstrap, args.topic, args.seconds, args.consumers, args.ssl_ca)
     else:
         out = flat(args.bootstrap, args.topic, args.seconds, args.producers, args.value_bytes,
                    args.batch_bytes, args.offered_rate)

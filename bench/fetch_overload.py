@@ -1,0 +1,80 @@
+"""`make bench`: the fetch overload bed (issue 27's consumer case), every path side by side.
+
+The bed (tests/integration/fetch_overload_bed.py) is one broker held to half a core, serving a
+backlog over TLS to three consumers flat out, so that the broker's encryption of what it sends is
+what overloads. Gold (share 10, 200 acks=all records of 1 KB a second) runs alone, then beside the
+consumers, on each path:
+
+    direct              the broker's SSL listener itself
+    proxy               kthrottle without a [capacity] (clients plaintext to it, TLS upstream)
+    proxy aimd          adaptive, AIMD, fetch capacity 2 x what the consumers took direct
+    proxy gradient      adaptive, Gradient2's rule, the same capacity
+    proxy concurrency   adaptive, the per-broker Produce concurrency limit, the same capacity
+
+For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its quiet p99, and goodput
+(record bytes/s the consumers received) as a share of direct's; for the adaptive paths the
+factor's lowest. The issue's targets are those of the produce bed: p99 at most 2 x quiet + 5 ms,
+goodput at least 0.85 x direct, at once.
+
+Run: `.venv/bin/python -m bench.fetch_overload` (as root: it makes a cgroup). About 6 minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from bench.overload import _line
+from tests.integration.fetch_overload_bed import (
+    FetchBed,
+    capacity_table,
+    fetch_overload_bed,
+    overloaded,
+    quiet,
+    settle,
+)
+from tests.integration.overload_bed import SHARES, Phase
+from tests.integration.proxies import QuotaProxy
+
+
+def _overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> tuple[Phase, str]:
+    """The overloaded phase, and the broker's collections during it."""
+    count, seconds = bed.collections()
+    loaded = overloaded(bootstrap, bed, ssl_ca)
+    count_after, seconds_after = bed.collections()
+    return loaded, f"broker GCs {count_after - count} ({(seconds_after - seconds) * 1000:.0f} ms)"
+
+
+def main() -> None:
+    with fetch_overload_bed() as bed:
+        assert bed.kafka.ssl_bootstrap is not None
+        direct_bootstrap = bed.kafka.ssl_bootstrap
+        loaded, collected = _overloaded(direct_bootstrap, bed, bed.ca)
+        direct = loaded.goodput
+        settle(direct_bootstrap, bed, bed.ca)
+        alone = quiet(direct_bootstrap, bed, bed.ca)
+        print("path             gold alone p50/p99 ms   overloaded p50/p99 ms   p99/quiet   "
+              "goodput (x direct)")
+        print(_line("direct", alone, loaded, direct, collected), flush=True)
+        paths = [("proxy", ""),
+                 ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
+                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient")),
+                 ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"))]
+        for name, table in paths:
+            with tempfile.TemporaryDirectory() as work, \
+                    QuotaProxy(direct_bootstrap, Path(work), bed.upstream_tls + table) as proxy:
+                proxy.set_quotas(SHARES)
+                settle(proxy.bootstrap, bed, None)
+                alone = quiet(proxy.bootstrap, bed, None)
+                loaded, extra = _overloaded(proxy.bootstrap, bed, None)
+                if "adaptive = true" in table:
+                    moves = re.findall(r"capacity factor [\d.]+ -> ([\d.]+)", proxy.log())
+                    factors = [float(m) for m in moves]
+                    extra += f"; factor lowest {min(factors, default=1.0):.2f}"
+                print(_line(name, alone, loaded, direct, extra), flush=True)
+        print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
