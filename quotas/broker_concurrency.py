@@ -108,7 +108,7 @@ class BrokerSlots(Generic[W]):
 
     def __init__(self, broker: int) -> None:
         self.broker = broker
-        self.limit = MAX_LIMIT
+        self._limit = MAX_LIMIT
         self.in_flight = 0
         self._tenants: dict[Hashable, _Tenant[W]] = {}
         self._waiting = 0
@@ -117,11 +117,22 @@ class BrokerSlots(Generic[W]):
         self._samples: list[float] = []
         #: the most in flight at once in this window (was the limit reached?)
         self._peak = 0
-        #: the active tenants' summed shares, and those owning a slot or more (as of `_refreshed_ms`)
+        #: the active tenants' summed shares, and those owning a slot or more (as of `_refreshed_ms`;
+        #: -inf: stale, looked at again on the next request)
         self._active_weight = 0.0
         self._owners: list[_Tenant[W]] = []
-        self._refreshed_ms = -REFRESH_MS
-        self._refreshed_limit = self.limit
+        self._refreshed_ms = -math.inf
+
+    @property
+    def limit(self) -> float:
+        """Requests this broker may have in flight from this proxy (MAX_LIMIT: nothing waits)."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: float) -> None:
+        """A new limit changes the slots each tenant owns: they are looked at again on the next request."""
+        self._limit = value
+        self._refreshed_ms = -math.inf
 
     @property
     def waiting(self) -> int:
@@ -163,18 +174,18 @@ class BrokerSlots(Generic[W]):
             self._owners = [owner for owner in self._owners if self._own(owner)]
         else:
             if entry.weight != weight or now_ms - entry.seen_ms >= ACTIVE_MS:
-                self._refreshed_ms = -REFRESH_MS  # its share changed, or it is active again
+                self._refreshed_ms = -math.inf  # its share changed, or it is active again
             entry.weight = weight
             entry.seen_ms = now_ms
-        if self.limit < MAX_LIMIT:  # unlimited, nobody owns anything: no tenant is looked at
+        if self._limit < MAX_LIMIT:  # unlimited, nobody owns anything: no tenant is looked at
             self._refresh(now_ms)
         return entry
 
-    def _refresh(self, now_ms: float, force: bool = False) -> None:
+    def _refresh(self, now_ms: float) -> None:
         """Sum the active tenants' shares, forget the long idle, and find who owns slots."""
-        if not force and now_ms - self._refreshed_ms < REFRESH_MS and self.limit == self._refreshed_limit:
+        if now_ms - self._refreshed_ms < REFRESH_MS:
             return
-        self._refreshed_ms, self._refreshed_limit = now_ms, self.limit
+        self._refreshed_ms = now_ms
         idle = [key for key, entry in self._tenants.items()
                 if not entry.in_flight and not entry.waiting and now_ms - entry.seen_ms >= ACTIVE_MS]
         for key in idle:
@@ -185,18 +196,18 @@ class BrokerSlots(Generic[W]):
     def _own(self, entry: _Tenant[W]) -> bool:
         """Set the slots `entry` owns (one if its share of the limit is a whole slot); whether it owns one."""
         total = self._active_weight
-        entry.owned = min(int(self.limit * entry.weight / total), 1) if total > 0 else 0
+        entry.owned = min(int(self._limit * entry.weight / total), 1) if total > 0 else 0
         return entry.owned > 0
 
     def _may_start(self, entry: _Tenant[W], queue_empty: bool) -> bool:
         """Within the tenant's own slots; or with nothing in flight; or, with nobody queued ahead,
         within the limit beside the slots other tenants own and do not use."""
-        if self.limit >= MAX_LIMIT or entry.in_flight < entry.owned or self.in_flight == 0:
+        if self._limit >= MAX_LIMIT or entry.in_flight < entry.owned or self.in_flight == 0:
             return True
         if not queue_empty:
             return False
         unused = sum(max(owner.owned - owner.in_flight, 0) for owner in self._owners if owner is not entry)
-        return self.in_flight + unused + 1 <= self.limit
+        return self.in_flight + unused + 1 <= self._limit
 
     def _start(self, entry: _Tenant[W]) -> None:
         entry.in_flight += 1
@@ -211,13 +222,16 @@ class BrokerSlots(Generic[W]):
             return []
         entry.in_flight -= 1
         self.in_flight -= 1
-        if self.limit >= MAX_LIMIT and not entry.in_flight and not entry.waiting:
+        if self._limit >= MAX_LIMIT and not entry.in_flight and not entry.waiting:
             self._forget(tenant, entry)  # unlimited: an idle tenant is not kept
         return self._wake()
 
     def _forget(self, tenant: Hashable, entry: _Tenant[W]) -> None:
         del self._tenants[tenant]
         self._active_weight -= entry.weight
+        if entry.owned:  # at most one owner per slot of the limit: a short list
+            self._owners = [owner for owner in self._owners if owner is not entry]
+            entry.owned = 0
 
     def cancel(self, tenant: Hashable, waiter: W) -> None:
         """`waiter` no longer waits (its connection closed)."""
@@ -270,7 +284,7 @@ class BrokerSlots(Generic[W]):
         if bound_ms is None or len(samples) < MIN_WINDOW_SAMPLES:
             return None
         seen = tail(samples)
-        old = self.limit
+        old = self._limit
         if seen > bound_ms:
             new = max(MIN_LIMIT, min(old, max(peak, MIN_LIMIT)) * DECREASE_FACTOR)
         else:
@@ -278,7 +292,7 @@ class BrokerSlots(Generic[W]):
         if new == old:
             return None
         self.limit = new  # a raise lets waiters go: the caller asks `wake_after_raise`
-        self._refresh(now_ms, force=True)  # the slots each tenant owns follow the limit
+        self._refresh(now_ms)  # the slots each tenant owns follow the limit (the setter made them stale)
         return LimitChange(self.broker, old, new, seen, bound_ms)
 
     def wake_after_raise(self) -> list[W]:
