@@ -9,7 +9,8 @@ consumers, on each path:
     proxy               kthrottle without a [capacity] (clients plaintext to it, TLS upstream)
     proxy aimd          adaptive, AIMD, fetch capacity 2 x what the consumers took direct
     proxy gradient      adaptive, Gradient2's rule, the same capacity
-    proxy concurrency   adaptive, the per-broker Produce concurrency limit, the same capacity
+    proxy concurrency   adaptive, the per-broker concurrency limit (Produce and catching-up
+                        Fetch requests in flight), the same capacity
 
 For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its quiet p99, and goodput
 (record bytes/s the consumers received) as a share of direct's; for the adaptive paths the
@@ -25,7 +26,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from bench.overload import _line
+from bench.overload import _broker_limits, _line
 from tests.integration.fetch_overload_bed import (
     FetchBed,
     capacity_table,
@@ -72,6 +73,10 @@ def main() -> None:
                     moves = re.findall(r"capacity factor [\d.]+ -> ([\d.]+)", proxy.log())
                     factors = [float(m) for m in moves]
                     extra += f"; factor lowest {min(factors, default=1.0):.2f}"
+                    limits = _broker_limits(proxy.log())
+                    if limits:
+                        waits = proxy.metric("kthrottle_broker_request_waits_total")
+                        extra += f"; broker limit lowest {min(limits):.1f}, {waits:.0f} waits"
                 print(_line(name, alone, loaded, direct, extra), flush=True)
         print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
 

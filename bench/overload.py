@@ -66,7 +66,7 @@ def _lowest_factor(log: str) -> float:
 
 
 def _broker_limits(log: str) -> list[float]:
-    return [float(m) for m in re.findall(r"Produce limit [\d.]+ -> ([\d.]+)", log)]
+    return [float(m) for m in re.findall(r"request limit [\d.]+ -> ([\d.]+)", log)]
 
 
 def _line(path: str, alone: Phase, loaded: Phase, direct: float, extra: str = "") -> str:

@@ -43,7 +43,7 @@ class Mute:
 
 @dataclass(slots=True)
 class AwaitSlot:
-    """A Produce waits for a slot at its broker (quotas/broker_concurrency.py): stop reading the
+    """A counted request waits for a slot at its broker (quotas/broker_concurrency.py): stop reading the
     client until `ProxyConnection.slot_granted`, as a broker reads nothing from a muted socket."""
 
 

@@ -32,6 +32,7 @@ from .actions import (
 )
 from .api_versions import check_request_version
 from .apis import KNOWN_APIS, ApiKey, api_name
+from .broker_admission import CATCHING_UP_BYTES, FETCH_BYTES_WHILE_LIMITED, AdmissionGate, BrokerAdmission
 from .broker_array import Address, Advertise
 from .charging import (
     REQUEST_QUOTA_EXEMPT,
@@ -61,12 +62,11 @@ from .in_flight import InFlight, take_local_responses
 from .in_flight import size_prefix as _size
 from .opaque import charge_opaque_response, share_fetch_max_wait_ms
 from .passthrough import Passthrough
-from .produce_admission import ProduceAdmission, ProduceGate
 from .responses import rewrite_response
 from .sasl import ANONYMOUS, SaslExchange
 from .sasl_tracking import SASL_SETUP_APIS, SaslTracking
 from .skim import produce_acks, produce_response_errors
-from .throttling import throttle_stream_head
+from .throttling import cap_fetch_bytes, throttle_stream_head
 from .topic_names import TopicNames, learn_metadata_topics
 
 #: APIs whose bodies the proxy decodes; a version above its schemas is refused, not guessed.
@@ -110,11 +110,11 @@ class ProxyConnection:
                  known_brokers: Callable[[], Mapping[int, Address]] | None = None,
                  partition_throttles: PartitionThrottlePolicy | None = None,
                  topic_names: TopicNames | None = None, health: HealthObserver | None = None,
-                 admission: ProduceAdmission | None = None) -> None:
+                 admission: BrokerAdmission | None = None) -> None:
         self.name = name
         self.health = health
-        #: the per-broker Produce concurrency limit's gate (produce_admission.py); None: no limit
-        self._gate = ProduceGate(admission) if admission is not None else None
+        #: the per-broker concurrency limit's gate (broker_admission.py); None: no limit
+        self._gate = AdmissionGate(admission) if admission is not None else None
         #: KIP-73 partition throttles (fetch_partitions.py) and the topic names they are
         #: configured by, learned from Metadata responses (Fetch v13+ names topics by id)
         self._partition_throttles = partition_throttles if topic_names is not None else None
@@ -131,6 +131,9 @@ class ProxyConnection:
         self._closed: str | None = None
         #: the Fetch response streaming to the client, while the rest of it is still to come
         self._passthrough: Passthrough | None = None
+        #: the last Fetch answered brought CATCHING_UP_BYTES or more: the next one takes a slot of
+        #: the broker's limit (broker_admission.py)
+        self._catching_up = False
         #: the real address of every broker known (node id -> address), which bounds how much a
         #: streamed Fetch v16+ response's NodeEndpoints can grow
         self._known_brokers = known_brokers
@@ -263,7 +266,7 @@ class ProxyConnection:
             return self._close(f"client sent bad data: {exc}")
 
     def slot_granted(self, ticket: Hashable, now_ms: float) -> list[Action]:
-        """The Produce that waited (AwaitSlot) has its slot: it and the requests after it go on."""
+        """The request that waited (AwaitSlot) has its slot: it and the requests after it go on."""
         gate = self._gate
         if gate is None:
             return []
@@ -278,8 +281,11 @@ class ProxyConnection:
         """The client left: the slots its requests hold, for the I/O layer to give back. Admission
         ends for this connection, so what it sent before leaving goes on without waiting (as a
         broker reads what a closed connection sent), rather than wait for a slot nobody tracks."""
-        held = [entry.slot for entry in self._in_flight if entry.slot is not None]
-        for entry in self._in_flight:
+        entries = list(self._in_flight)
+        if self._passthrough is not None:  # a Fetch streaming to the client holds its slot too
+            entries.append(self._passthrough.entry)
+        held = [entry.slot for entry in entries if entry.slot is not None]
+        for entry in entries:
             entry.slot = None
         if self._gate is not None:
             held += self._gate.release()
@@ -398,6 +404,10 @@ class ProxyConnection:
     def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
         self._passthrough = None
         entry = stream.entry
+        self._catching_up = stream.announced_size >= CATCHING_UP_BYTES
+        if entry.slot is not None and self._gate is not None:
+            slot, entry.slot = entry.slot, None
+            self._gate.answered(slot, None)
         if self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, stream.announced_size,
                           self._now_ms - entry.sent_ms)
@@ -499,8 +509,19 @@ class ProxyConnection:
                         entry.throttle_ms = throttle
                         actions.append(Throttled(ApiKey.PRODUCE, throttle))
                         self._mute(throttle, actions)
-            elif header.api_key == ApiKey.FETCH and self.policy is not None:
-                frame = prepare_fetch(self.policy, self.principal, entry, frame, header)
+            elif header.api_key == ApiKey.FETCH:
+                gate = self._gate
+                if gate is not None and self._catching_up:  # it will make the broker work
+                    ticket = gate.take(self.principal, header.client_id or "")
+                    if ticket is None:  # its broker has its limit in flight: this and the rest wait
+                        self._deferred = frames[index:]
+                        actions.append(AwaitSlot())
+                        break
+                    entry.slot = ticket
+                    if gate.admission.limited():
+                        frame = cap_fetch_bytes(frame, header, FETCH_BYTES_WHILE_LIMITED)
+                if self.policy is not None:
+                    frame = prepare_fetch(self.policy, self.principal, entry, frame, header)
             elif header.api_key == ApiKey.SHARE_FETCH and self.policy is not None:
                 entry.max_wait_ms = max(share_fetch_max_wait_ms(frame, header), 0)  # a long poll, as Fetch's
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
@@ -564,9 +585,12 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self._note_health(entry, frame)
+            if key == ApiKey.FETCH:
+                self._catching_up = len(frame) >= CATCHING_UP_BYTES
             if entry.slot is not None and self._gate is not None:
                 slot, entry.slot = entry.slot, None
-                self._gate.answered(slot, self._now_ms - entry.sent_ms)
+                # a Fetch's time includes its long poll: only a Produce's judges the limit
+                self._gate.answered(slot, self._now_ms - entry.sent_ms if key == ApiKey.PRODUCE else None)
             hold_ms = 0
             if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
                 frame, hold_ms = self._throttle_partitions(entry, frame)
@@ -632,6 +656,18 @@ class ProxyConnection:
 
 
 __all__ = [
-    "Action", "Authenticated", "AwaitSlot", "BrokersSeen", "Close", "InFlight", "Mute",
-    "ProduceAdmission", "ProxyConnection", "QuotaAdmin", "QuotaPolicy", "Throttled", "ToBroker", "ToClient",
+    "Action",
+    "Authenticated",
+    "AwaitSlot",
+    "BrokerAdmission",
+    "BrokersSeen",
+    "Close",
+    "InFlight",
+    "Mute",
+    "ProxyConnection",
+    "QuotaAdmin",
+    "QuotaPolicy",
+    "Throttled",
+    "ToBroker",
+    "ToClient",
 ]

@@ -43,7 +43,7 @@ class InFlight:
     #: the proxy's own Metadata request for the partition counts of the mutation request with this
     #: correlation id: its answer is not the client's
     lookup_for: int | None = None
-    #: the Produce holds a slot at its broker (ProduceAdmission's ticket), given back on its answer
+    #: the Produce or Fetch holds a slot at its broker (BrokerAdmission's ticket), given back on its answer
     slot: Hashable | None = None
 
 

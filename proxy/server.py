@@ -24,8 +24,8 @@ from quotas.rate import WindowConfig
 from .acceptor import Acceptor, DelayedClose, listener_name
 from .admin.quota_admin import QuotaAdminService
 from .capacity.broker_health import BrokerHealth
+from .capacity.broker_limits import BrokerLimits
 from .capacity.live import LiveCapacity
-from .capacity.produce_slots import ProduceSlots
 from .limits.admission import ConnectionLimits, connections_for_descriptors, raise_descriptor_limit
 from .limits.memory_pool import RequestMemoryPool
 from .observability.capacity_metrics import CapacityMetrics
@@ -129,8 +129,8 @@ class ProxyServer:
         return self.capacity.health
 
     @property
-    def produce_slots(self) -> ProduceSlots:
-        return self.capacity.produce_slots
+    def broker_limits(self) -> BrokerLimits:
+        return self.capacity.broker_limits
 
     def upstream_tls_context(self) -> ssl.SSLContext | None:
         """The TLS context for the proxy's own connections to brokers (None: plaintext)."""

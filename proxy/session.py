@@ -89,9 +89,9 @@ class ClientSession(asyncio.Protocol):
         self.id = next(self._ids)
         self.transport: asyncio.Transport | None = None
         self.upstream: _Upstream | None = None
-        #: this session's side of its broker's Produce concurrency limit (bootstrap connections,
+        #: this session's side of its broker's concurrency limit (bootstrap connections,
         #: bound to no one broker, have none)
-        self._slots = (server.produce_slots.for_session(node_id, self._slot_granted)
+        self._slots = (server.broker_limits.for_session(node_id, self._slot_granted)
                        if node_id is not None else None)
         self.conn = ProxyConnection(server.advertise, max_request_bytes=server.settings.max_request_bytes,
                                     name=f"conn-{self.id}", policy=server.engine,
@@ -419,7 +419,7 @@ class ClientSession(asyncio.Protocol):
 
     # -- throttling ----------------------------------------------------------------------------
 
-    # -- the broker's Produce concurrency limit -------------------------------------------------
+    # -- the broker's concurrency limit -------------------------------------------------
 
     def _slot_granted(self, ticket: Hashable) -> None:
         """A Produce that waited for its broker's slot has it (a later loop turn than the grant)."""

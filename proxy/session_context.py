@@ -19,7 +19,7 @@ from quotas.partition_throttle import PartitionThrottles
 
 from .admin.quota_admin import QuotaAdminService
 from .capacity.broker_health import BrokerHealth
-from .capacity.produce_slots import ProduceSlots
+from .capacity.broker_limits import BrokerLimits
 from .limits.admission import ConnectionLimits
 from .limits.memory_pool import RequestMemoryPool
 from .observability.metrics import ProxyMetrics
@@ -44,8 +44,8 @@ class SessionContext(Protocol):
     quota_admin: QuotaAdminService
     #: adaptive capacity's broker-health signals (None: not adaptive)
     broker_health: BrokerHealth | None
-    #: the brokers' Produce concurrency limits (they hold nothing unless the controller is "concurrency")
-    produce_slots: ProduceSlots
+    #: the brokers' concurrency limits (they hold nothing unless the controller is "concurrency")
+    broker_limits: BrokerLimits
     #: tasks a session starts that must outlive its callback (kept so they are not collected)
     background: set[asyncio.Task[None]]
     #: the live sessions (typed loosely: the session class is the one that adds itself)

@@ -1,4 +1,4 @@
-"""How many Produce requests each broker has in flight from this proxy, and whose goes next.
+"""How many requests each broker has in flight from this proxy, and whose goes next.
 
 Why (issue 27): a byte-rate capacity cannot keep a saturated broker's queue short. A throttled
 Kafka client is muted and then sends its backlog at once, and a broker serves its request queue in
@@ -31,9 +31,11 @@ in flight instead; so does this, per broker, with Kafka's `share` deciding who w
   grows by sqrt(limit) (Gradient2's queue allowance), from MIN_LIMIT up to MAX_LIMIT, where nothing waits any
   more (from 1 back there in 15 windows, under 4 s).
 
-Produce with acks=1/all only: it is the request that queues work at a broker (compression,
-appends, replication), and its response ends it. acks=0 has no response to end it, and a Fetch
-waits out its max_wait_ms by design, so neither is counted.
+Counted: Produce with acks=1/all, the request that queues work at a broker (compression, appends,
+replication), whose response ends it; and the Fetch of a consumer catching up, which makes a
+broker read and (over TLS) encrypt what it sends (protocol/broker_admission.py). acks=0 has no
+response to end it, and a caught-up consumer's Fetch waits out its max_wait_ms by design, so
+neither is counted. Only Produce times are sampled: a Fetch's includes its long poll.
 
 Per proxy process: a fleet of N holds each broker to N x the limit (each member learns its own).
 Pure: time is passed in, the waiter is whatever the I/O layer wants woken.

@@ -7,7 +7,7 @@ fleet-wide) has to bring each of those along without a restart:
 - the first capacity makes the metrics and the loop, which then stay (they cost nothing idle);
 - turning adaptive on makes a controller, and changing its tuning makes a new one (its latency
   baselines start again); turning it off drops the controller and puts the factor back at 1;
-- the brokers' Produce concurrency limits (controller "concurrency") follow the controller: a new
+- the brokers' concurrency limits (controller "concurrency") follow the controller: a new
   one starts them again and lets every waiting request go;
 - sessions report the brokers' health to `health`, which forwards to whichever controller is
   current, so connections made before adaptive was turned on count too.
@@ -26,7 +26,7 @@ from quotas.shadow import ShadowPolicy
 
 from ..observability.capacity_metrics import CapacityMetrics
 from .broker_health import BrokerHealth
-from .produce_slots import ProduceSlots
+from .broker_limits import BrokerLimits
 from .sharing import CapacitySharing
 
 log = logging.getLogger("kthrottle.capacity")
@@ -46,9 +46,9 @@ class LiveCapacity:
         self.controller: AdaptiveCapacity | None = None
         self._tuning: AdaptiveConfig | None = None
         self.health: BrokerHealth | None = BrokerHealth(None, capacity) if may_change else None
-        #: the brokers' Produce concurrency limits (on with controller "concurrency"); every session
+        #: the brokers' concurrency limits (on with controller "concurrency"); every session
         #: asks it, so a limit turned on while the proxy runs covers connections made before
-        self.produce_slots = ProduceSlots(capacity, registry, shadow)
+        self.broker_limits = BrokerLimits(capacity, registry, shadow)
         self.metrics: CapacityMetrics | None = None
         self.sharing: CapacitySharing | None = None
         self._running = False
@@ -70,7 +70,7 @@ class LiveCapacity:
             self.health = BrokerHealth(None, self.capacity)
         if self.health is not None:
             self.health.controller = self.controller
-        self.produce_slots.set_controller(self.controller)
+        self.broker_limits.set_controller(self.controller)
         if config is not None and self.metrics is None:
             self.metrics = CapacityMetrics(self._registry, self.capacity, self.controller, self._max_entities)
             self.sharing = CapacitySharing(self.capacity, self.controller, self.metrics)

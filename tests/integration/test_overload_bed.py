@@ -60,7 +60,7 @@ GOODPUT_TARGET = 0.85
 P99_VS_DIRECT = 0.5
 #: what adaptive capacity answers latency with on this bed (docs/protecting-the-cluster.md)
 KEPT = "concurrency"
-LIMIT = "kthrottle_broker_produce_limit"
+LIMIT = "kthrottle_broker_request_limit"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def bed() -> Iterator[Bed]:
 
 def _through(bed: Bed, workdir: Path, table: str) -> tuple[Phase, Phase, float, float]:
     """Gold alone and overloaded through a proxy with `table`. With adaptive on, also: the broker's
-    lowest Produce limit seen while overloaded, and seconds until it is gone again (gold alone)."""
+    lowest request limit seen while overloaded, and seconds until it is gone again (gold alone)."""
     workdir.mkdir()
     with QuotaProxy(bed.kafka.bootstrap, workdir, table) as proxy:
         proxy.set_quotas(SHARES)
@@ -134,7 +134,7 @@ def test_the_bed_overloads_at_the_broker_and_the_concurrency_limit_protects_gold
            f"broker limit lowest {lowest:.1f}, gone {back:.1f} s after the overload")
     assert direct.p99 >= OVERLOAD_RATIO * direct_alone.p99, "the bed did not overload the broker"
     assert off.p99 >= OFF_RATIO * off_alone.p99, "adaptive off: gold did not suffer, the run shows nothing"
-    assert lowest < MAX_LIMIT, "the broker's Produce limit never engaged"
+    assert lowest < MAX_LIMIT, "the broker's request limit never engaged"
     assert on.p99 <= P99_VS_DIRECT * direct.p99, "the limit did not keep gold's tail well below direct's"
     assert on.goodput >= GOODPUT_TARGET * capacity, "the limit cost more throughput than the issue allows"
     assert back <= RECOVERY_S, f"the limit was still there {back:.0f} s after the overload"

@@ -230,7 +230,7 @@ def test_an_unknown_controller_is_refused_with_its_name() -> None:
 
 
 def test_under_the_concurrency_controller_latency_holds_the_factor_and_errors_still_cut() -> None:
-    """Latency is answered by the brokers' Produce limits (broker_concurrency.py), not the factor."""
+    """Latency is answered by the brokers' request limits (broker_concurrency.py), not the factor."""
     controller = AdaptiveCapacity(AdaptiveConfig(controller=CONCURRENCY))
     feed(controller, 10.0)
     controller.tick(light=True)

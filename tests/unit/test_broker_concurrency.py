@@ -1,4 +1,4 @@
-"""The per-broker Produce concurrency limit (quotas/broker_concurrency.py), and how a connection
+"""The per-broker concurrency limit (quotas/broker_concurrency.py), and how a connection
 waits for a slot (protocol/connection.py), driven with values and byte strings."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from collections.abc import Hashable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.connection import AwaitSlot, ProxyConnection
+from protocol.broker_admission import CATCHING_UP_BYTES, FETCH_BYTES_WHILE_LIMITED
+from protocol.connection import STREAM_MIN_BYTES, AwaitSlot, ProxyConnection
 from protocol.headers import parse_request_header
 from quotas.broker_concurrency import (
     ACTIVE_MS,
@@ -21,7 +22,9 @@ from quotas.broker_concurrency import (
 )
 
 from .test_connection import produce_request, produce_response
-from .wire import advertise, broker_frames, framed, of_type
+from .test_streaming import fetch_request, fetch_response
+from .test_throttling import decode_request
+from .wire import advertise, broker_frames, framed, of_type, to_client
 
 GOLD, SILVER, BRONZE = "gold", "silver", "bronze"
 
@@ -206,7 +209,7 @@ def test_counts_stay_true_and_the_limit_binds(ops: list[tuple[str, str]], limit:
 
 
 class Slots:
-    """A ProduceAdmission over one BrokerSlots, as proxy/capacity/produce_slots.py drives it."""
+    """A BrokerAdmission over one BrokerSlots, as proxy/capacity/broker_limits.py drives it."""
 
     def __init__(self, limit: float) -> None:
         self.slots = limited(limit)
@@ -219,6 +222,9 @@ class Slots:
     def done(self, ticket: Hashable, latency_ms: float | None) -> None:
         self.done_with.append((ticket, latency_ms))
         self.woken += self.slots.release(ticket)
+
+    def limited(self) -> bool:
+        return self.slots.limit < MAX_LIMIT
 
 
 def test_a_produce_over_the_limit_waits_with_what_follows_and_goes_on_in_order() -> None:
@@ -252,3 +258,59 @@ def test_a_grant_nobody_waits_for_is_given_back() -> None:
     conn = ProxyConnection(advertise, admission=admission)
     assert conn.slot_granted("test-client", 1.0) == []
     assert admission.done_with == [("test-client", None)]
+
+
+def _catching_up(conn: ProxyConnection, admission: Slots, size: int = CATCHING_UP_BYTES) -> None:
+    """A first Fetch (caught up as far as the connection knows: no slot) answered with `size` of records."""
+    before, done = admission.slots.in_flight, len(admission.done_with)
+    actions = conn.receive_from_client(fetch_request(1, "test-client"), 1.0)
+    assert len(broker_frames(actions)) == 1 and admission.slots.in_flight == before
+    conn.receive_from_broker(framed(fetch_response(1, b"r" * size)), 2.0)
+    assert len(admission.done_with) == done
+
+
+def test_a_catching_up_consumer_fetch_takes_a_slot_asks_for_less_and_its_time_judges_nothing() -> None:
+    admission = Slots(1)
+    conn = ProxyConnection(advertise, admission=admission)
+    _catching_up(conn, admission)  # fed whole, so answered as one frame, not streamed
+    # its last answer brought records: the next Fetch takes the broker's one slot, capped in size
+    actions = conn.receive_from_client(fetch_request(2, "test-client"), 3.0)
+    [sent] = broker_frames(actions)
+    assert admission.slots.in_flight == 1
+    assert decode_request(sent).max_bytes == FETCH_BYTES_WHILE_LIMITED
+    # another connection's catching-up Fetch waits for it
+    other = ProxyConnection(advertise, admission=admission)
+    _catching_up(other, admission)
+    assert of_type(other.receive_from_client(fetch_request(2, "test-client"), 3.5), AwaitSlot)
+    conn.receive_from_broker(framed(fetch_response(2, b"")), 9.0)
+    assert admission.done_with == [("test-client", None)], "a Fetch's time (its long poll) judged the limit"
+    assert admission.woken == ["test-client"]
+    # that answer was empty: the consumer is caught up, and its next long poll holds no slot
+    conn.receive_from_client(fetch_request(3, "test-client"), 10.0)
+    assert admission.slots.in_flight == 1  # the other connection's, granted
+
+
+def test_a_fetch_asks_for_its_own_size_while_the_limit_is_at_its_maximum() -> None:
+    admission = Slots(MAX_LIMIT)
+    conn = ProxyConnection(advertise, admission=admission)
+    _catching_up(conn, admission)
+    [sent] = broker_frames(conn.receive_from_client(fetch_request(2, "test-client"), 3.0))
+    assert decode_request(sent).max_bytes == 50_000_000
+    assert admission.slots.in_flight == 1  # counted all the same, so a cut finds it
+
+
+def test_a_streamed_fetch_holds_its_slot_until_its_last_byte_or_its_connection_closes() -> None:
+    admission = Slots(1)
+    conn = ProxyConnection(advertise, admission=admission)
+    _catching_up(conn, admission, size=3 * STREAM_MIN_BYTES)
+    conn.receive_from_client(fetch_request(2, "test-client"), 3.0)
+    big = framed(fetch_response(2, b"r" * (3 * STREAM_MIN_BYTES)))
+    assert to_client(conn.receive_from_broker(big[:STREAM_MIN_BYTES], 4.0))  # streaming has begun
+    assert admission.done_with == [] and admission.slots.in_flight == 1
+    assert to_client(conn.receive_from_broker(big[STREAM_MIN_BYTES:], 5.0))
+    assert admission.done_with == [("test-client", None)]
+    # the next one streams too, and the client leaves in the middle of it: its slot goes back
+    conn.receive_from_client(fetch_request(3, "test-client"), 6.0)
+    big = framed(fetch_response(3, b"r" * (3 * STREAM_MIN_BYTES)))
+    conn.receive_from_broker(big[:STREAM_MIN_BYTES], 7.0)
+    assert conn.release_slots() == ["test-client"]

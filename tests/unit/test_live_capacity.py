@@ -73,17 +73,17 @@ def test_the_concurrency_limit_follows_the_controller_and_frees_its_waiters() ->
     import asyncio
     from collections.abc import Hashable
 
-    from proxy.capacity.produce_slots import UNCOUNTED
+    from proxy.capacity.broker_limits import UNCOUNTED
 
     async def run() -> None:
         live, _ = _live()
         woken: list[Hashable] = []
-        first = live.produce_slots.for_session(1, woken.append)
-        second = live.produce_slots.for_session(1, woken.append)
+        first = live.broker_limits.for_session(1, woken.append)
+        second = live.broker_limits.for_session(1, woken.append)
         assert first.admit("alice", "etl") is UNCOUNTED  # off: nothing counted
         live.apply(CapacityConfig(produce_byte_rate=500_000.0,
                                   adaptive=AdaptiveConfig(controller="concurrency")))
-        slots = live.produce_slots.concurrency.slots(1)
+        slots = live.broker_limits.concurrency.slots(1)
         slots.limit = 1.0
         ticket = first.admit("alice", "etl")
         assert ticket is not None and ticket is not UNCOUNTED
@@ -92,7 +92,7 @@ def test_the_concurrency_limit_follows_the_controller_and_frees_its_waiters() ->
         await asyncio.sleep(0)
         assert woken == [UNCOUNTED]  # the waiter went on
         first.done(ticket, 3.0)  # a slot of the old limit: given back to nobody
-        assert live.produce_slots.concurrency.brokers == {}
+        assert live.broker_limits.concurrency.brokers == {}
         assert second.admit("bob", "etl") is UNCOUNTED
 
     asyncio.run(run())

@@ -1,4 +1,7 @@
-"""The per-broker Produce concurrency limit on asyncio: quotas/broker_concurrency.py, driven.
+"""The per-broker concurrency limit on asyncio: quotas/broker_concurrency.py, driven.
+
+It counts each broker's Produce requests (acks 1 or all) and the Fetch requests of consumers that
+are catching up (protocol/broker_admission.py says why both).
 
 On while the adaptive controller in force is "concurrency" (`[capacity] controller`); it may come
 and go while the proxy runs (live.py), so each session gets a `SessionSlots` that asks whether it
@@ -32,7 +35,7 @@ def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
-class ProduceSlots:
+class BrokerLimits:
     """The process's limit, its metrics, and the controller whose baselines bound the latency."""
 
     def __init__(self, capacity: CapacityManager, registry: CollectorRegistry,
@@ -45,12 +48,13 @@ class ProduceSlots:
         self.on = False
         self._generation = 0
         self.concurrency: BrokerConcurrency[SessionSlots] = BrokerConcurrency(self._baseline)
-        self.limit = Gauge("kthrottle_broker_produce_limit",
-                           f"Produce requests a broker may have in flight from this proxy beyond one per "
-                           f"tenant (adaptive, controller \"concurrency\"; {MAX_LIMIT:g}: nothing waits)",
+        self.limit = Gauge("kthrottle_broker_request_limit",
+                           f"Produce and catching-up Fetch requests a broker may have in flight from this "
+                           f"proxy (adaptive, controller \"concurrency\"; {MAX_LIMIT:g}: nothing waits)",
                            ["broker"], registry=registry)
-        self.waits = Counter("kthrottle_produce_waits",
-                             "Produce requests that waited in the proxy for a slot at their broker "
+        self.waits = Counter("kthrottle_broker_request_waits",
+                             "Produce and catching-up Fetch requests that waited in the proxy for a slot "
+                             "at their broker "
                              "(mode=\"shadow\": would have waited, and went on in shadow)",
                              ["broker", "mode"], registry=registry)
 
@@ -117,19 +121,19 @@ class ProduceSlots:
     def _changed(self, change: LimitChange) -> None:
         self.limit.labels(str(change.broker)).set(change.new)
         if change.new < change.old:
-            log.info("broker %d Produce limit %.1f -> %.1f: tail %.0f ms > %.0f ms", change.broker,
+            log.info("broker %d request limit %.1f -> %.1f: tail %.0f ms > %.0f ms", change.broker,
                      change.old, change.new, change.tail_ms, change.bound_ms)
         elif change.new >= MAX_LIMIT:
-            log.info("broker %d Produce limit %.1f -> none: tail %.0f ms <= %.0f ms", change.broker,
+            log.info("broker %d request limit %.1f -> none: tail %.0f ms <= %.0f ms", change.broker,
                      change.old, change.tail_ms, change.bound_ms)
 
 
 class SessionSlots:
-    """One session's side of the limit (protocol.connection.ProduceAdmission)."""
+    """One session's side of the limit (protocol.connection.BrokerAdmission)."""
 
     __slots__ = ("_wake", "broker", "owner", "waiting")
 
-    def __init__(self, owner: ProduceSlots, broker: int, wake: Callable[[Hashable], None]) -> None:
+    def __init__(self, owner: BrokerLimits, broker: int, wake: Callable[[Hashable], None]) -> None:
         self.owner = owner
         self.broker = broker
         self._wake = wake
@@ -149,6 +153,10 @@ class SessionSlots:
     def done(self, ticket: Hashable, latency_ms: float | None) -> None:
         self.owner.completed(self.broker, ticket, latency_ms)
 
+    def limited(self) -> bool:
+        owner = self.owner
+        return owner.on and owner.concurrency.slots(self.broker).limit < MAX_LIMIT
+
     def granted(self, ticket: Hashable) -> None:
         """Its turn came (the slot is counted): the session goes on, on a later loop turn."""
         self.waiting = None
@@ -160,4 +168,4 @@ class SessionSlots:
             self.owner.cancel(self)
 
 
-__all__ = ["UNCOUNTED", "ProduceSlots", "SessionSlots"]
+__all__ = ["UNCOUNTED", "BrokerLimits", "SessionSlots"]

@@ -1,10 +1,10 @@
-"""protocol/produce_admission.py: a connection's side of the Produce concurrency limit."""
+"""protocol/broker_admission.py: a connection's side of the concurrency limit."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
-from protocol.produce_admission import ProduceGate
+from protocol.broker_admission import AdmissionGate
 
 
 class Admission:
@@ -24,9 +24,9 @@ class Admission:
         self.returned.append((ticket, latency_ms))
 
 
-def _gate(free: int) -> tuple[ProduceGate, Admission]:
+def _gate(free: int) -> tuple[AdmissionGate, Admission]:
     admission = Admission(free)
-    return ProduceGate(admission), admission
+    return AdmissionGate(admission), admission
 
 
 def test_a_free_slot_is_taken_and_given_back_with_its_latency() -> None:
