@@ -51,13 +51,24 @@ class BrokerAdmission(Protocol):
 class AdmissionGate:
     """A connection's counted requests through the admission: take, wait, be granted, give back."""
 
-    __slots__ = ("_granted", "admission", "awaiting")
+    __slots__ = ("_granted", "admission", "awaiting", "catching_up")
 
     def __init__(self, admission: BrokerAdmission) -> None:
         self.admission = admission
-        #: the Produce at the head of the connection's deferred requests waits for its slot
+        #: the request at the head of the connection's deferred requests waits for its slot
         self.awaiting = False
         self._granted: Hashable | None = None
+        #: the connection's last Fetch answer brought CATCHING_UP_BYTES or more: its next Fetch
+        #: is counted
+        self.catching_up = False
+
+    def fetch_answered(self, size: int) -> None:
+        """A Fetch answer of `size` bytes: whether the next Fetch will make the broker work."""
+        self.catching_up = size >= CATCHING_UP_BYTES
+
+    def fetch_max_bytes(self) -> int | None:
+        """What a counted Fetch may ask for now (None: its own max_bytes)."""
+        return FETCH_BYTES_WHILE_LIMITED if self.admission.limited() else None
 
     def take(self, principal: str, client_id: str) -> Hashable | None:
         """The slot for the next counted request: the one granted to it after a wait, or a new one;

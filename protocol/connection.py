@@ -32,7 +32,7 @@ from .actions import (
 )
 from .api_versions import check_request_version
 from .apis import KNOWN_APIS, ApiKey, api_name
-from .broker_admission import CATCHING_UP_BYTES, FETCH_BYTES_WHILE_LIMITED, AdmissionGate, BrokerAdmission
+from .broker_admission import AdmissionGate, BrokerAdmission
 from .broker_array import Address, Advertise
 from .charging import (
     REQUEST_QUOTA_EXEMPT,
@@ -131,9 +131,6 @@ class ProxyConnection:
         self._closed: str | None = None
         #: the Fetch response streaming to the client, while the rest of it is still to come
         self._passthrough: Passthrough | None = None
-        #: the last Fetch answered brought CATCHING_UP_BYTES or more: the next one takes a slot of
-        #: the broker's limit (broker_admission.py)
-        self._catching_up = False
         #: the real address of every broker known (node id -> address), which bounds how much a
         #: streamed Fetch v16+ response's NodeEndpoints can grow
         self._known_brokers = known_brokers
@@ -404,10 +401,11 @@ class ProxyConnection:
     def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
         self._passthrough = None
         entry = stream.entry
-        self._catching_up = stream.announced_size >= CATCHING_UP_BYTES
-        if entry.slot is not None and self._gate is not None:
-            slot, entry.slot = entry.slot, None
-            self._gate.answered(slot, None)
+        if self._gate is not None:
+            self._gate.fetch_answered(stream.announced_size)
+            if entry.slot is not None:
+                slot, entry.slot = entry.slot, None
+                self._gate.answered(slot, None)
         if self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, stream.announced_size,
                           self._now_ms - entry.sent_ms)
@@ -511,15 +509,16 @@ class ProxyConnection:
                         self._mute(throttle, actions)
             elif header.api_key == ApiKey.FETCH:
                 gate = self._gate
-                if gate is not None and self._catching_up:  # it will make the broker work
+                if gate is not None and gate.catching_up:  # it will make the broker work
                     ticket = gate.take(self.principal, header.client_id or "")
                     if ticket is None:  # its broker has its limit in flight: this and the rest wait
                         self._deferred = frames[index:]
                         actions.append(AwaitSlot())
                         break
                     entry.slot = ticket
-                    if gate.admission.limited():
-                        frame = cap_fetch_bytes(frame, header, FETCH_BYTES_WHILE_LIMITED)
+                    cap = gate.fetch_max_bytes()
+                    if cap is not None:
+                        frame = cap_fetch_bytes(frame, header, cap)
                 if self.policy is not None:
                     frame = prepare_fetch(self.policy, self.principal, entry, frame, header)
             elif header.api_key == ApiKey.SHARE_FETCH and self.policy is not None:
@@ -585,8 +584,8 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self._note_health(entry, frame)
-            if key == ApiKey.FETCH:
-                self._catching_up = len(frame) >= CATCHING_UP_BYTES
+            if key == ApiKey.FETCH and self._gate is not None:
+                self._gate.fetch_answered(len(frame))
             if entry.slot is not None and self._gate is not None:
                 slot, entry.slot = entry.slot, None
                 # a Fetch's time includes its long poll: only a Produce's judges the limit
