@@ -44,8 +44,9 @@ class BrokerAdmission(Protocol):
         """The request holding `ticket` ended; `latency_ms` judges the limit (None: it must not,
         a Fetch's or one never answered)."""
 
-    def limited(self) -> bool:
-        """The broker's limit is below its maximum: a counted Fetch asks for less."""
+    def limited(self, principal: str, client_id: str) -> bool:
+        """The broker's limit is below its maximum and applies to this client (not in shadow): its
+        counted Fetch asks for less."""
 
 
 class AdmissionGate:
@@ -66,9 +67,9 @@ class AdmissionGate:
         """A Fetch answer of `size` bytes: whether the next Fetch will make the broker work."""
         self.catching_up = size >= CATCHING_UP_BYTES
 
-    def fetch_max_bytes(self) -> int | None:
+    def fetch_max_bytes(self, principal: str, client_id: str) -> int | None:
         """What a counted Fetch may ask for now (None: its own max_bytes)."""
-        return FETCH_BYTES_WHILE_LIMITED if self.admission.limited() else None
+        return FETCH_BYTES_WHILE_LIMITED if self.admission.limited(principal, client_id) else None
 
     def take(self, principal: str, client_id: str) -> Hashable | None:
         """The slot for the next counted request: the one granted to it after a wait, or a new one;

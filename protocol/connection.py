@@ -516,7 +516,7 @@ class ProxyConnection:
                         actions.append(AwaitSlot())
                         break
                     entry.slot = ticket
-                    cap = gate.fetch_max_bytes()
+                    cap = gate.fetch_max_bytes(self.principal, header.client_id or "")
                     if cap is not None:
                         frame = cap_fetch_bytes(frame, header, cap)
                 if self.policy is not None:

@@ -153,9 +153,12 @@ class SessionSlots:
     def done(self, ticket: Hashable, latency_ms: float | None) -> None:
         self.owner.completed(self.broker, ticket, latency_ms)
 
-    def limited(self) -> bool:
+    def limited(self, principal: str, client_id: str) -> bool:
         owner = self.owner
-        return owner.on and owner.concurrency.slots(self.broker).limit < MAX_LIMIT
+        if not owner.on or owner.concurrency.slots(self.broker).limit >= MAX_LIMIT:
+            return False
+        shadow = owner.shadow  # in shadow the limit is reported, never applied: no Fetch asks for less
+        return shadow is None or not shadow.active or not shadow.shadowed(principal, client_id)
 
     def granted(self, ticket: Hashable) -> None:
         """Its turn came (the slot is counted): the session goes on, on a later loop turn."""

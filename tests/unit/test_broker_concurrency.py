@@ -223,7 +223,7 @@ class Slots:
         self.done_with.append((ticket, latency_ms))
         self.woken += self.slots.release(ticket)
 
-    def limited(self) -> bool:
+    def limited(self, principal: str, client_id: str) -> bool:
         return self.slots.limit < MAX_LIMIT
 
 

@@ -96,3 +96,28 @@ def test_the_concurrency_limit_follows_the_controller_and_frees_its_waiters() ->
         assert second.admit("bob", "etl") is UNCOUNTED
 
     asyncio.run(run())
+
+
+def test_a_counted_fetch_asks_for_less_only_while_the_limit_is_engaged_and_applied() -> None:
+    """`limited` (protocol/broker_admission.py): below its maximum, for clients not in shadow; in
+    shadow the limit is reported, never applied, so no Fetch of theirs asks for less."""
+    from proxy.capacity.broker_limits import BrokerLimits, SessionSlots
+    from quotas.adaptive_capacity import AdaptiveCapacity
+    from quotas.broker_concurrency import MAX_LIMIT
+    from quotas.shadow import ShadowPolicy
+
+    def session(shadow: ShadowPolicy, controller: str = "concurrency") -> tuple[BrokerLimits, SessionSlots]:
+        limits = BrokerLimits(CapacityManager(), CollectorRegistry(), shadow)
+        limits.set_controller(AdaptiveCapacity(AdaptiveConfig(controller=controller)))
+        return limits, limits.for_session(1, lambda _ticket: None)
+
+    limits, one = session(ShadowPolicy())
+    assert not one.limited("alice", "etl")  # at MAX_LIMIT: nothing waits
+    limits.concurrency.slots(1).limit = MAX_LIMIT / 2
+    assert one.limited("alice", "etl")
+    limits, one = session(ShadowPolicy(everything=True))
+    limits.concurrency.slots(1).limit = 1.0
+    assert not one.limited("alice", "etl")
+    limits, one = session(ShadowPolicy(), controller="aimd")
+    limits.concurrency.slots(1).limit = 1.0
+    assert not one.limited("alice", "etl")
