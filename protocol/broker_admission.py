@@ -8,7 +8,7 @@ slot, and the slot granted to it, which it takes when it goes on.
 The requests counted are a Produce with acks 1 or all (it queues work at the broker, and its
 response ends it) and the Fetch of a consumer that is catching up (its last Fetch brought at least
 CATCHING_UP_BYTES): over TLS a broker encrypts every byte it sends, and on the fetch overload bed
-three consumers reading a backlog took gold's p99 from 3.6 to 15.5 ms through the proxy. A Fetch
+three consumers reading a backlog took gold's p99 from 10.9 to 47.0 ms through the proxy. A Fetch
 of a consumer that is caught up waits out its max_wait_ms at the broker, which costs the broker
 nothing, so it holds no slot; and no Fetch's time judges the limit, since a long poll's is its
 wait. While the limit is below its maximum, a counted Fetch asks for at most
