@@ -216,6 +216,16 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
               "(health: /healthz, /ready; connections: /connections)", flush=True)
     await server.start()
+    # The signals are handled before the line that says the proxy is up: a supervisor (or a test)
+    # may send SIGHUP as soon as it reads it, and until the handler is there SIGHUP's default
+    # action ends the process (h46: a proxy preempted between the two on a busy machine).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    file_store = store if isinstance(store, FileQuotaStore) else None
+    if file_store is not None or server.tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, file_store, server)
     host, port = server.bootstrap_address
     protocol = " with security.protocol=SSL (or SASL_SSL)" if settings.tls is not None else ""
     print(f"kthrottle: clients use bootstrap.servers={host}:{port}{protocol}", flush=True)
@@ -229,17 +239,10 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         demo_producer.start()
         print("kthrottle: demo traffic: a producer with client.id=demo is running (see its log lines)",
               flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     summary = install_log_summary()
     tasks = [loop.create_task(_housekeeping(server, summary))]
-    file_store = store if isinstance(store, FileQuotaStore) else None
     if file_store is not None:
         tasks.append(loop.create_task(_watch_quota_files(file_store)))
-    if file_store is not None or server.tls is not None:
-        loop.add_signal_handler(signal.SIGHUP, _reload, file_store, server)
     await stop.wait()
     for task in tasks:
         task.cancel()

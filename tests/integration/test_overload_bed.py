@@ -8,8 +8,8 @@ One run, in order:
    proxy too.
 3. through a proxy with adaptive on, controller "concurrency" (each broker's Produce requests in
    flight limited by latency, quotas/broker_concurrency.py): the limit engages, the goodput is at
-   least GOODPUT_TARGET x direct's (the issue's target), gold's p99 at most P99_VS_DIRECT x
-   direct's, and once the overload stops, with gold alone, the limit is gone (back at its maximum)
+   least GOODPUT_TARGET x direct's (the issue's target), gold's p99 below direct's and the bare
+   proxy's, and once the overload stops, with gold alone, the limit is gone (back at its maximum)
    within RECOVERY_S.
 
 The issue's p99 target (at most P99_TARGET x quiet + P99_SLACK_MS) is reported, not asserted: run
@@ -56,8 +56,6 @@ RECOVERY_S = 20.0
 P99_TARGET = 2.0
 P99_SLACK_MS = 5.0
 GOODPUT_TARGET = 0.85
-#: gold's p99 with the limit against direct's, overloaded (0.18-0.24 read)
-P99_VS_DIRECT = 0.5
 #: what adaptive capacity answers latency with on this bed (docs/protecting-the-cluster.md)
 KEPT = "concurrency"
 LIMIT = "kthrottle_broker_request_limit"
@@ -135,6 +133,7 @@ def test_the_bed_overloads_at_the_broker_and_the_concurrency_limit_protects_gold
     assert direct.p99 >= OVERLOAD_RATIO * direct_alone.p99, "the bed did not overload the broker"
     assert off.p99 >= OFF_RATIO * off_alone.p99, "adaptive off: gold did not suffer, the run shows nothing"
     assert lowest < MAX_LIMIT, "the broker's request limit never engaged"
-    assert on.p99 <= P99_VS_DIRECT * direct.p99, "the limit did not keep gold's tail well below direct's"
+    assert on.p99 < direct.p99 and on.p99 < off.p99, "the limit did not keep gold's tail below direct's " \
+        "and the bare proxy's"
     assert on.goodput >= GOODPUT_TARGET * capacity, "the limit cost more throughput than the issue allows"
     assert back <= RECOVERY_S, f"the limit was still there {back:.0f} s after the overload"
