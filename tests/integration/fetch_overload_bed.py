@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from harness.cpu_limit import CpuLimit
 from harness.kafka_jars import java_executable
 from harness.local_kafka import LocalKafka
+from tests.integration import overload_bed
 from tests.integration.bed_clients import start_consumers, start_gold
 from tests.integration.overload_bed import GOODPUT_S, PHASE_S, QUIET_RUNS, QUIET_S, SETTLE_S, SKIP_S, Phase
 
@@ -137,10 +138,7 @@ def overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> Phase:
 
 def capacity_table(capacity: float, adaptive: bool, controller: str = "aimd") -> str:
     """A `[capacity]` for the proxy: `capacity` fetch bytes/s, adaptive or not."""
-    table = f"\n[capacity]\nfetch_byte_rate = {int(capacity)}\nadaptive = {str(adaptive).lower()}\n"
-    if adaptive:
-        table += f'controller = "{controller}"\n'
-    return table
+    return overload_bed.capacity_table(capacity, adaptive, controller, direction="fetch_byte_rate")
 
 
 __all__ = ["BROKER_CORES", "FetchBed", "capacity_table", "fetch_overload_bed", "overloaded", "quiet",

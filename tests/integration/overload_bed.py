@@ -104,9 +104,10 @@ def overloaded(bootstrap: str, topic: str, paced: float | None = None) -> Phase:
     return Phase(p50, p99, flat_result.goodput(PHASE_S - GOODPUT_S, PHASE_S))
 
 
-def capacity_table(capacity: float, adaptive: bool, controller: str = "aimd") -> str:
-    """A `[capacity]` for the proxy: `capacity` bytes/s, adaptive or not."""
-    table = f"\n[capacity]\nproduce_byte_rate = {int(capacity)}\nadaptive = {str(adaptive).lower()}\n"
+def capacity_table(capacity: float, adaptive: bool, controller: str = "aimd",
+                   direction: str = "produce_byte_rate") -> str:
+    """A `[capacity]` for the proxy: `capacity` bytes/s in `direction`, adaptive or not."""
+    table = f"\n[capacity]\n{direction} = {int(capacity)}\nadaptive = {str(adaptive).lower()}\n"
     if adaptive:
         table += f'controller = "{controller}"\n'
     return table
