@@ -644,7 +644,9 @@ def test_workers_share_one_producer_quota(kafka_cluster: LocalKafka, tmp_path: P
         shown = [sampler.mean(worker, RUN_S - 20, RUN_S) for worker in (0, 1)]
         assert 0.9 * QUOTA <= rate <= 1.05 * QUOTA, (
             f"{rate:,.0f} B/s against {QUOTA:,}; workers' (fleet, own) rates over those 20 s: "
-            + ", ".join(f"{fleet:,.0f} / {own:,.0f}" for fleet, own in shown))
+            + ", ".join(f"{fleet:,.0f} / {own:,.0f}" for fleet, own in shown)
+            + f"; librdkafka retries {producer.retries} ({producer.resend_events[:3]}); acked kB per second: "
+            + acked_timeline(started, [producer], 0, RUN_S))
         assert_fleet_rate_shown(sampler, 2, rate, "--workers 2")
         pids = dict(re.findall(r"worker (\d) started \(pid (\d+)\)", member.log()))
         os.kill(int(pids["1"]), signal.SIGKILL)
