@@ -72,6 +72,14 @@ TEST_HEAP_MB = 384
 #: instead of 0.13; a parallel run keeps three such clusters up for its whole length. The tests' brokers
 #: move a few MB/s, far below where C2's faster code pays; `make run` and the benchmarks keep C2.
 LIGHT_JIT_FLAGS = ("-XX:TieredStopAtLevel=1",)
+#: The collector of the harness's brokers: one thread, no concurrent work beside the application,
+#: the least CPU and memory for clusters that only tests use.
+SERIAL_GC_FLAGS = ("-XX:+UseSerialGC",)
+#: The collector a broker started by Kafka's own scripts runs with (bin/kafka-run-class.sh's
+#: KAFKA_JVM_PERFORMANCE_OPTS): G1, aiming at 20 ms pauses. The overload beds model a production
+#: broker, whose pauses are what its clients see (``LocalKafka(kafka_gc=True)``).
+KAFKA_GC_FLAGS = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+                  "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15")
 
 _START_ATTEMPTS = 2
 _CDS_DUMP_WAIT_S = 60.0
@@ -144,7 +152,8 @@ class LocalKafka:
     ``node-*`` directories in it and formats a new cluster. Without it a temporary directory is used and
     deleted. ``heap_mb`` is the heap of each broker JVM (``DEFAULT_HEAP_MB``, 1 GiB, unless given; the
     test suite gives ``TEST_HEAP_MB``); ``light_jit`` compiles with C1 only (``LIGHT_JIT_FLAGS``: less
-    CPU to start and to idle, lower peak throughput), for clusters that only tests use.
+    CPU to start and to idle, lower peak throughput), for clusters that only tests use; ``kafka_gc`` runs
+    the collector Kafka's own scripts choose (``KAFKA_GC_FLAGS``) instead of the serial one.
 
     ``telemetry`` loads the harness's client-telemetry recorder (``harness.telemetry``) into every broker,
     so they offer KIP-714's GetTelemetrySubscriptions and PushTelemetry and record each push they receive
@@ -161,6 +170,7 @@ class LocalKafka:
         telemetry: bool = False,
         light_jit: bool = False,
         authorizer: bool = False,
+        kafka_gc: bool = False,
     ) -> None:
         """`authorizer`: Kafka's StandardAuthorizer, with the listeners' anonymous principal (brokers,
         controllers, plaintext clients) and the first SASL user as super users; other SASL users
@@ -174,6 +184,7 @@ class LocalKafka:
         self.authorizer = authorizer
         self.heap_mb = heap_mb
         self.jit_flags: tuple[str, ...] = LIGHT_JIT_FLAGS if light_jit else ()
+        self.gc_flags: tuple[str, ...] = KAFKA_GC_FLAGS if kafka_gc else SERIAL_GC_FLAGS
         self._given_workdir = workdir
         self.workdir: Path | None = None
         self.cluster_id = _new_cluster_id()
@@ -473,7 +484,7 @@ class LocalKafka:
         cmd = [
             java,
             f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m",
-            "-XX:+UseSerialGC", "-XX:CICompilerCount=2", *self.jit_flags, "-XX:+ExitOnOutOfMemoryError",
+            *self.gc_flags, "-XX:CICompilerCount=2", *self.jit_flags, "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true", *cds_flags,
             f"-Dlog4j2.configurationFile={log4j}",
             f"-Dkafka.logs.dir={self._node_dir(node)}",

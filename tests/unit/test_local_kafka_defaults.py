@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.local_kafka import DEFAULT_HEAP_MB, LIGHT_JIT_FLAGS, TEST_HEAP_MB, LocalKafka
+from harness.local_kafka import (
+    DEFAULT_HEAP_MB,
+    KAFKA_GC_FLAGS,
+    LIGHT_JIT_FLAGS,
+    SERIAL_GC_FLAGS,
+    TEST_HEAP_MB,
+    LocalKafka,
+)
 from harness.local_kafka_cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,3 +38,12 @@ def test_only_test_clusters_give_up_c2() -> None:
     """`make run` and the benchmarks keep the full JIT; the tests' clusters ask for C1 only."""
     assert LocalKafka().jit_flags == ()
     assert LocalKafka(light_jit=True).jit_flags == LIGHT_JIT_FLAGS == ("-XX:TieredStopAtLevel=1",)
+
+
+def test_only_the_fetch_bed_runs_kafkas_own_collector() -> None:
+    """The fetch bed models a production broker whose collections gold's slow answers follow: it runs
+    the G1 settings of Kafka's own scripts; every other cluster keeps the serial collector."""
+    assert LocalKafka().gc_flags == SERIAL_GC_FLAGS == ("-XX:+UseSerialGC",)
+    assert LocalKafka(kafka_gc=True).gc_flags == KAFKA_GC_FLAGS
+    assert KAFKA_GC_FLAGS[:2] == ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
+    assert "kafka_gc=True" in (REPO / "tests/integration/fetch_overload_bed.py").read_text()
