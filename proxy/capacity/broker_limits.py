@@ -73,8 +73,10 @@ class BrokerLimits:
         self.on = self.enabled
         old = self.concurrency
         self._generation += 1
-        tolerance = controller.config.latency_tolerance if controller is not None else 2.0
-        self.concurrency = BrokerConcurrency(self._baseline, tolerance)
+        if controller is None:
+            self.concurrency = BrokerConcurrency(self._baseline)
+        else:
+            self.concurrency = BrokerConcurrency(self._baseline, controller.config.tolerance)
         for slots in old.brokers.values():
             for waiter in slots.drain_waiters():
                 waiter.granted(UNCOUNTED)
