@@ -398,14 +398,23 @@ class ProxyConnection:
             errors = []  # the response goes on as it is; its time still tells
         self.health(ApiKey.PRODUCE, latency, errors, self.principal, entry.client_id or "")
 
+    def _admission_answered(self, entry: InFlight, size: int) -> None:
+        """A response of `size` bytes ended `entry` (whole, or streamed to its last byte): the gate
+        learns whether a Fetch's consumer is catching up, and the request's slot goes back. Only a
+        Produce's time judges the limit: a Fetch's includes its long poll."""
+        gate = self._gate
+        if gate is None:
+            return
+        if entry.api_key == ApiKey.FETCH:
+            gate.fetch_answered(size)
+        if entry.slot is not None:
+            slot, entry.slot = entry.slot, None
+            gate.answered(slot, self._now_ms - entry.sent_ms if entry.api_key == ApiKey.PRODUCE else None)
+
     def _end_stream(self, stream: Passthrough, actions: list[Action]) -> None:
         self._passthrough = None
         entry = stream.entry
-        if self._gate is not None:
-            self._gate.fetch_answered(stream.announced_size)
-            if entry.slot is not None:
-                slot, entry.slot = entry.slot, None
-                self._gate.answered(slot, None)
+        self._admission_answered(entry, stream.announced_size)
         if self.observer is not None:
             self.observer(entry.api_key, entry.request_bytes, stream.announced_size,
                           self._now_ms - entry.sent_ms)
@@ -584,12 +593,7 @@ class ProxyConnection:
                 frame = rewrite_response(entry, frame, self._advertise, actions)
             if self.health is not None and key in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self._note_health(entry, frame)
-            if key == ApiKey.FETCH and self._gate is not None:
-                self._gate.fetch_answered(len(frame))
-            if entry.slot is not None and self._gate is not None:
-                slot, entry.slot = entry.slot, None
-                # a Fetch's time includes its long poll: only a Produce's judges the limit
-                self._gate.answered(slot, self._now_ms - entry.sent_ms if key == ApiKey.PRODUCE else None)
+            self._admission_answered(entry, len(frame))
             hold_ms = 0
             if self._partition_throttles is not None and key in (ApiKey.FETCH, ApiKey.METADATA):
                 frame, hold_ms = self._throttle_partitions(entry, frame)
