@@ -8,7 +8,6 @@ request_percentage = 400.0       # upstream request-thread time, as Kafka's requ
 adaptive = true                  # scale it with the brokers' health (AIMD); default false
 min_fraction = 0.1               # adaptive mode never goes below this share of the capacity
 latency_tolerance = 2.0          # degraded: a broker's p99 above this x its healthy baseline
-                                 # (default 2.0; 1.5 with controller = "concurrency")
 decrease_factor = 0.7            # multiplicative decrease per degraded tick
 increase_step = 0.1              # additive increase per healthy tick
 controller = "aimd"              # or "gradient" (Gradient2's rule on the factor), or "concurrency"

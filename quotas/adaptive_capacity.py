@@ -24,9 +24,8 @@ How it judges:
   (BASELINE_ALPHA_DOWN / _UP). A baseline is only learned while light, and rises slowly, so a
   cluster that is slow because it is busy never teaches the controller that slow is normal.
 - **Degraded** when some (broker, API) with at least MIN_SAMPLES responses in the tick has its p99
-  above `latency_tolerance` (DEFAULT_LATENCY_TOLERANCE) x its baseline + LATENCY_SLACK_MS (the
-  slack keeps a 2 ms baseline from calling 5 ms a storm), or when the strain errors reach
-  ERROR_RATIO of the tick's responses.
+  above `latency_tolerance` x its baseline + LATENCY_SLACK_MS (the slack keeps a 2 ms baseline
+  from calling 5 ms a storm), or when the strain errors reach ERROR_RATIO of the tick's responses.
 - **AIMD.** Degraded for DEGRADED_TICKS seconds in a row: the factor is multiplied by
   `decrease_factor` (0.7), at most once per DECREASE_INTERVAL_TICKS, so the previous cut shows its
   effect first (one degraded second alone holds the factor). Healthy: it grows by
@@ -47,8 +46,6 @@ import random
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
-
-from .broker_concurrency import DEFAULT_TOLERANCE as CONCURRENCY_TOLERANCE
 
 #: Kafka error codes that say the broker itself is under strain (its request purgatory, its
 #: replication). Client mistakes (NOT_LEADER_OR_FOLLOWER = 6, UNKNOWN_TOPIC_OR_PARTITION = 3,
@@ -118,28 +115,15 @@ MIN_GRADIENT = 0.5
 GRADIENT_SMOOTHING = 0.2
 
 
-#: `latency_tolerance` under AIMD and gradient when the table gives none.
-DEFAULT_LATENCY_TOLERANCE = 2.0
-
-
 @dataclass(frozen=True, slots=True)
 class AdaptiveConfig:
     min_fraction: float = 0.1
-    #: as the `[capacity]` table gives it; None: the controller's own (`tolerance`)
-    latency_tolerance: float | None = None
+    latency_tolerance: float = 2.0
     decrease_factor: float = 0.7
     increase_step: float = 0.1
     #: AIMD (cut by decrease_factor on a clear signal) or GRADIENT (scale by the ratio of the
     #: latency limit to the tick's p99, every tick, as Gradient2 does; docs/protecting-the-cluster.md)
     controller: str = AIMD
-
-    @property
-    def tolerance(self) -> float:
-        """The latency tolerance in force: the table's, else the controller's own default. The
-        concurrency limit's is lower (broker_concurrency.DEFAULT_TOLERANCE says why)."""
-        if self.latency_tolerance is not None:
-            return self.latency_tolerance
-        return CONCURRENCY_TOLERANCE if self.controller == CONCURRENCY else DEFAULT_LATENCY_TOLERANCE
 
 
 class FactorChange(NamedTuple):
@@ -247,7 +231,7 @@ class AdaptiveCapacity:
             if len(samples) < MIN_SAMPLES:
                 if base is None or not samples:
                     continue
-                limit = base * config.tolerance + LATENCY_SLACK_MS
+                limit = base * config.latency_tolerance + LATENCY_SLACK_MS
                 median = sorted(samples)[len(samples) // 2]
                 if len(samples) >= MIN_SLOW_SAMPLES and median > limit \
                         and tick.strained(limit) >= MIN_STRAINED_TENANTS:
@@ -256,7 +240,7 @@ class AdaptiveCapacity:
                     ratio = median / limit
                     if worst is None or ratio > worst[0]:
                         worst = (ratio, f"broker {broker} {API_NAMES.get(api, api)}: {len(samples)} "
-                                        f"responses, median {median:.0f} ms > {config.tolerance:g} "
+                                        f"responses, median {median:.0f} ms > {config.latency_tolerance:g} "
                                         f"x baseline {base:.0f} ms + {LATENCY_SLACK_MS:g} ms")
                 elif max(samples) > limit:
                     hold = True
@@ -266,7 +250,7 @@ class AdaptiveCapacity:
                 if light:
                     self.baselines[key] = latest
                 continue
-            limit = base * config.tolerance + LATENCY_SLACK_MS
+            limit = base * config.latency_tolerance + LATENCY_SLACK_MS
             if latest > limit and tick.strained(limit) < MIN_STRAINED_TENANTS:
                 hold = True  # slow for one tenant alone: its own requests, not the broker
             elif latest > limit:
@@ -274,7 +258,7 @@ class AdaptiveCapacity:
                 if worst is None or ratio > worst[0]:
                     broker, api = key
                     worst = (ratio, f"broker {broker} {API_NAMES.get(api, api)} p99 {latest:.0f} ms > "
-                                    f"{config.tolerance:g} x baseline {base:.0f} ms + "
+                                    f"{config.latency_tolerance:g} x baseline {base:.0f} ms + "
                                     f"{LATENCY_SLACK_MS:g} ms")
             elif light:
                 alpha = BASELINE_ALPHA_DOWN if latest < base else BASELINE_ALPHA_UP

@@ -113,7 +113,7 @@ def check_tuning(tuning: AdaptiveConfig) -> AdaptiveConfig:
     """Adaptive tuning as a `[capacity]` table gives it; the error names the key and the value."""
     for name, valid, rule in _TUNING_RULES:
         value = getattr(tuning, name)
-        if value is not None and not valid(value):  # None: the controller's own default
+        if not valid(value):
             raise CapacityError(f"capacity.{name} = {value!r} {rule}")
     if tuning.controller not in CONTROLLERS:
         names = [f'"{name}"' for name in CONTROLLERS]

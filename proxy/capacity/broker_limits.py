@@ -73,10 +73,8 @@ class BrokerLimits:
         self.on = self.enabled
         old = self.concurrency
         self._generation += 1
-        if controller is None:
-            self.concurrency = BrokerConcurrency(self._baseline)
-        else:
-            self.concurrency = BrokerConcurrency(self._baseline, controller.config.tolerance)
+        tolerance = controller.config.latency_tolerance if controller is not None else 2.0
+        self.concurrency = BrokerConcurrency(self._baseline, tolerance)
         for slots in old.brokers.values():
             for waiter in slots.drain_waiters():
                 waiter.granted(UNCOUNTED)

@@ -121,33 +121,3 @@ def test_a_counted_fetch_asks_for_less_only_while_the_limit_is_engaged_and_appli
     limits, one = session(ShadowPolicy(), controller="aimd")
     limits.concurrency.slots(1).limit = 1.0
     assert not one.limited("alice", "etl")
-
-
-def test_the_concurrency_limit_has_its_own_tolerance_unless_the_table_gives_one() -> None:
-    """`latency_tolerance` left out: 1.5 x the baseline for the concurrency limit, 2.0 for the
-    factor's controllers; given, every controller takes it, and a bad value is still refused."""
-    import pytest
-
-    from config.capacity import parse_capacity_table
-    from config.common import SettingsError
-    from proxy.capacity.broker_limits import BrokerLimits
-    from quotas.adaptive_capacity import AdaptiveCapacity
-
-    def table(**tuning: object) -> AdaptiveConfig:
-        parsed = parse_capacity_table({"produce_byte_rate": 1_000_000, "adaptive": True, **tuning})
-        assert parsed.adaptive is not None
-        return parsed.adaptive
-
-    def bound(config: AdaptiveConfig) -> float | None:
-        limits = BrokerLimits(CapacityManager(), CollectorRegistry())
-        controller = AdaptiveCapacity(config)
-        controller.baselines[(1, 0)] = 2.0  # broker 1's Produce (api 0) baseline, in ms
-        limits.set_controller(controller)
-        return limits.concurrency.bound_ms(1)
-
-    assert bound(table(controller="concurrency")) == 1.5 * 2.0 + 1.0
-    assert bound(table(controller="concurrency", latency_tolerance=3)) == 3.0 * 2.0 + 1.0
-    assert table().tolerance == table(controller="gradient").tolerance == 2.0
-    assert table(latency_tolerance=2.5).tolerance == 2.5
-    with pytest.raises(SettingsError, match=r"capacity.latency_tolerance = 0.5 must be > 1"):
-        table(controller="concurrency", latency_tolerance=0.5)
