@@ -28,7 +28,8 @@ RUN_ARGS ?= --config deploy/quotas.toml --metrics-port 9300 --demo
 run: $(STAMP) kafka
 	$(VENV)/bin/kthrottle run $(or $(ARGS),$(RUN_ARGS))
 
-# Debian's docker-compose, prometheus, haproxy and tmux, which the tests run (see the script).
+# Debian's docker-compose, prometheus, haproxy, tmux and tcpdump, which the tests and benchmarks run
+# (see the script).
 tools:
 	bash harness/install_tools.sh
 
@@ -52,7 +53,7 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) kafka tools lint typecheck
 	$(VENV)/bin/pytest -q -ra $(PARALLEL) tests/unit tests/integration spark_tests
 
-bench: $(STAMP) kafka
+bench: $(STAMP) kafka tools
 	$(PY) -m bench.throughput
 	$(PY) -m bench.hardening
 	$(PY) -m bench.metadata_load
@@ -61,8 +62,8 @@ bench: $(STAMP) kafka
 	$(PY) -m bench.fetch_stream
 	$(PY) -m bench.connections
 	$(PY) -m bench.capacity
-	$(PY) -m bench.overload
-	$(PY) -m bench.fetch_overload
+	$(PY) -m bench.overload --legs
+	$(PY) -m bench.fetch_overload --legs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -15,18 +15,23 @@ consumers, on each path:
 For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its quiet p99, and goodput
 (record bytes/s the consumers received) as a share of direct's; for the adaptive paths the
 factor's lowest. The issue's targets are those of the produce bed: p99 at most 2 x quiet + 5 ms,
-goodput at least 0.85 x direct, at once.
+goodput at least 0.85 x direct, at once. With `--legs`, each proxy path's overloaded phase also
+says where gold's time went: in the proxy on the way in, at the broker, or in the proxy on the way
+back (bench/gold_legs.py, tcpdump on loopback).
 
-Run: `.venv/bin/python -m bench.fetch_overload` (as root: it makes a cgroup). About 6 minutes.
+Run: `.venv/bin/python -m bench.fetch_overload [--legs]` (as root: it makes a cgroup). About 6 minutes.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import re
 import tempfile
 from pathlib import Path
 
-from bench.overload import _broker_limits, _line
+from bench import gold_legs
+from bench.overload import _broker_limits, _line, legs_line
 from tests.integration.fetch_overload_bed import (
     FetchBed,
     capacity_table,
@@ -48,9 +53,13 @@ def _overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> tuple[Phas
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--legs", action="store_true", help="time gold's requests on each leg (tcpdump)")
+    legs = parser.parse_args().legs
     with fetch_overload_bed() as bed:
         assert bed.kafka.ssl_bootstrap is not None
         direct_bootstrap = bed.kafka.ssl_bootstrap
+        broker_port = int(direct_bootstrap.rsplit(":", 1)[1])
         loaded, collected = _overloaded(direct_bootstrap, bed, bed.ca)
         direct = loaded.goodput
         settle(direct_bootstrap, bed, bed.ca)
@@ -68,7 +77,9 @@ def main() -> None:
                 proxy.set_quotas(SHARES)
                 settle(proxy.bootstrap, bed, None)
                 alone = quiet(proxy.bootstrap, bed, None)
-                loaded, extra = _overloaded(proxy.bootstrap, bed, None)
+                with (gold_legs.capture(Path(work), proxy.node_port(1), broker_port) if legs
+                      else contextlib.nullcontext()) as pcap:
+                    loaded, extra = _overloaded(proxy.bootstrap, bed, None)
                 if "adaptive = true" in table:
                     moves = re.findall(r"capacity factor [\d.]+ -> ([\d.]+)", proxy.log())
                     factors = [float(m) for m in moves]
@@ -78,6 +89,8 @@ def main() -> None:
                         waits = proxy.metric("kthrottle_broker_request_waits_total")
                         extra += f"; broker limit lowest {min(limits):.1f}, {waits:.0f} waits"
                 print(_line(name, alone, loaded, direct, extra), flush=True)
+                if pcap is not None:
+                    print(f"    {legs_line(proxy, broker_port, pcap, tls_upstream=True)}", flush=True)
         print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
 
 

@@ -23,20 +23,27 @@ For each: gold's p50 / p99 alone and overloaded, the p99's ratio to its own quie
 the factor's lowest and how long it took to get back to 1.0 once the overload stopped. The issue's
 targets: p99 at most 2 x quiet + 5 ms and goodput at least 0.85 x direct, at once.
 
-Run: `.venv/bin/python -m bench.overload` (as root: it makes a cgroup). About 8 minutes. Name paths
-to run only those after direct: `python -m bench.overload "direct paced 0.9" "proxy concurrency"`.
+With `--legs`, each proxy path's overloaded phase also says where gold's time went: in the proxy
+on the way in, at the broker, or in the proxy on the way back (bench/gold_legs.py, tcpdump).
+
+Run: `.venv/bin/python -m bench.overload [--legs]` (as root: it makes a cgroup). About 8 minutes.
+Name paths to run only those after direct: `python -m bench.overload "direct paced 0.9" "proxy concurrency"`.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import re
-import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from bench import gold_legs
 from tests.integration.overload_bed import (
     SHARES,
+    SKIP_S,
     Phase,
     capacity_table,
     overload_bed,
@@ -76,9 +83,21 @@ def _line(path: str, alone: Phase, loaded: Phase, direct: float, extra: str = ""
             f"   target p99 <= {2 * alone.p99 + 5:5.1f} ms {extra}")
 
 
-def main(only: list[str]) -> None:
+def legs_line(proxy: QuotaProxy, broker_port: int, pcap: Path, *, tls_upstream: bool = False) -> str:
+    """Where gold's time went in the phase `pcap` captured (bench/gold_legs.py)."""
+    try:
+        timed = gold_legs.legs(pcap, proxy.node_port(1), broker_port, tls_upstream=tls_upstream)
+    except ValueError as exc:
+        kept = Path(tempfile.mkdtemp(prefix="kthrottle-legs-")) / pcap.name
+        shutil.copyfile(pcap, kept)
+        return f"gold's legs not known: {exc} (the capture is kept: {kept})"
+    return gold_legs.summary(timed, SKIP_S)
+
+
+def main(only: list[str], legs: bool) -> None:
     with overload_bed() as bed:
         bootstrap, topic = bed.kafka.bootstrap, bed.topic
+        broker_port = int(bootstrap.rsplit(":", 1)[1])
         loaded = overloaded(bootstrap, topic)  # first: the broker's first seconds under its quota are slow
         direct = loaded.goodput
         settle(bootstrap, topic)
@@ -108,7 +127,9 @@ def main(only: list[str]) -> None:
             with tempfile.TemporaryDirectory() as work, QuotaProxy(bootstrap, Path(work), table) as proxy:
                 proxy.set_quotas(SHARES)
                 alone = quiet(proxy.bootstrap, topic)
-                loaded = overloaded(proxy.bootstrap, topic)
+                with (gold_legs.capture(Path(work), proxy.node_port(1), broker_port) if legs
+                      else contextlib.nullcontext()) as pcap:
+                    loaded = overloaded(proxy.bootstrap, topic)
                 extra = ""
                 if "adaptive = true" in table:
                     back = _factor_after(proxy)
@@ -117,9 +138,15 @@ def main(only: list[str]) -> None:
                     if limits:
                         extra += f"; broker limit lowest {min(limits):.1f}"
                 print(_line(name, alone, loaded, direct, extra), flush=True)
+                if pcap is not None:
+                    print(f"    {legs_line(proxy, broker_port, pcap)}", flush=True)
             settle(bed.kafka.bootstrap, bed.topic)
         print(f"broker held by its CPU quota for {bed.limit.throttled_s():.0f} s in all")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", help="run only these paths after direct")
+    parser.add_argument("--legs", action="store_true", help="time gold's requests on each leg (tcpdump)")
+    arguments = parser.parse_args()
+    main(arguments.paths, arguments.legs)
