@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit integration bench lint typecheck kafka spark tools clean
+.PHONY: run test unit integration bench lint typecheck kafka spark tools bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,13 @@ RUN_ARGS ?= --config deploy/quotas.toml --metrics-port 9300 --demo
 run: $(STAMP) kafka
 	$(VENV)/bin/kthrottle run $(or $(ARGS),$(RUN_ARGS))
 
-# Debian's docker-compose, prometheus, haproxy, tmux and tcpdump, which the tests and benchmarks run
-# (see the script).
+# Debian's docker-compose, prometheus, haproxy and tmux, which the tests run, and for `make bench`
+# tcpdump too (see the script).
 tools:
 	bash harness/install_tools.sh
+
+bench-tools:
+	bash harness/install_tools.sh --bench
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -53,7 +56,7 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) kafka tools lint typecheck
 	$(VENV)/bin/pytest -q -ra $(PARALLEL) tests/unit tests/integration spark_tests
 
-bench: $(STAMP) kafka tools
+bench: $(STAMP) kafka bench-tools
 	$(PY) -m bench.throughput
 	$(PY) -m bench.hardening
 	$(PY) -m bench.metadata_load
