@@ -12,7 +12,9 @@ connection is read or a TLS handshake starts (a storm against a TLS listener cos
    never read, and closed at the first turn of this accept loop after its throttle ends (Kafka's
    DelayedCloseSocket and `closeThrottledConnections`: a turn per accepted connection, or 500 ms
    without one; quotas/throttled_sockets.py); it is un-recorded, so a client that backs off is not
-   charged twice;
+   charged twice. In a fleet, a connection past this member's part of the headroom waits a few
+   milliseconds for the peers' next report and is checked again (quotas/connection_quotas.py's
+   HEADROOM_SHARE), at most MAX_PEER_WAITING connections at a time;
 4. `max_connections` and the per-IP counts (`max_connections_per_ip` and its overrides): refused
    at once with a clean close;
 5. the session (`ClientSession`) takes the socket.
@@ -32,7 +34,7 @@ from typing import Protocol
 from config.common import Address
 from config.settings import ProxySettings
 from protocol.proxy_header import ProxyHeaderError
-from quotas.connection_quotas import ConnectionQuotas
+from quotas.connection_quotas import PEER_WAITS, ConnectionQuotas
 from quotas.shadow import ShadowLog
 from quotas.throttled_sockets import ThrottledSockets
 from quotas.types import QuotaType
@@ -47,6 +49,9 @@ log = logging.getLogger("kthrottle.acceptor")
 #: Backoff after accept() itself fails (out of descriptors, ENOBUFS): as Kafka's acceptor, log and
 #: go on, without spinning on a listener that cannot accept.
 ACCEPT_ERROR_BACKOFF_S = 0.1
+#: Connections that may wait for the fleet's peers' report at once (each for PEER_WAITS x
+#: PEER_WAIT_MS at most); past it a connection is decided by Kafka's formula at once.
+MAX_PEER_WAITING = 1024
 
 
 def listener_name(node_id: int | None) -> str:
@@ -151,6 +156,8 @@ class Acceptor:
         self._proxy_versions = client_addresses.proxy_protocol
         self._trusts = client_addresses.trusts
         self._task: asyncio.Task[None] | None = None
+        #: connections waiting for the fleet's peers' report, and their timers
+        self._peer_waiting: dict[socket.socket, asyncio.TimerHandle] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"acceptor-{self.listener}")
@@ -160,6 +167,10 @@ class Acceptor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        for conn, timer in self._peer_waiting.items():
+            timer.cancel()
+            conn.close()
+        self._peer_waiting.clear()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -217,13 +228,20 @@ class Acceptor:
             return
         self._admit(conn, client_from_header(header, peer), peer)
 
-    def _admit(self, conn: socket.socket, client: Address, peer: Address) -> None:
+    def _admit(self, conn: socket.socket, client: Address, peer: Address, waits: int = 0) -> None:
         """Steps 3 to 5 for the connection's client address."""
         context = self.context
         metrics = context.connection_metrics
         ip = client[0]
         now_ms = _now_ms()
-        decision = context.connection_quotas.check_ip(self.listener, ip, now_ms)
+        self._peer_waiting.pop(conn, None)
+        if context.settings.shadow or len(self._peer_waiting) >= MAX_PEER_WAITING:
+            waits = PEER_WAITS  # in shadow nothing is held back; past the bound, Kafka's formula alone
+        decision = context.connection_quotas.check_ip(self.listener, ip, now_ms, waits=waits)
+        if decision.wait_ms:
+            self._peer_waiting[conn] = asyncio.get_running_loop().call_later(
+                decision.wait_ms / 1000.0, self._admit, conn, client, peer, waits + 1)
+            return
         if not decision.accepted and context.settings.shadow:
             # the proxy in shadow: reported as a throttle would be, and served
             metrics.throttled("ip_quota_shadow", self.listener)

@@ -35,7 +35,9 @@ make room: a new one measures the same.
 
 Fleet: `ip_usage` lists each bucket's absolute windowed count (`connections`) and rate;
 `attach_peers` takes a function giving the peers' summed rate for a bucket key, added to the
-local rate before Kafka's formula, as `ClientQuotaManager` does with its `PeerView`.
+local rate before Kafka's formula, as `ClientQuotaManager` does with its `PeerView`. While peers
+admit to a bucket, a member takes HEADROOM_SHARE of the headroom it saw when it last heard from
+them; a connection past that is to be checked again after PEER_WAIT_MS (the I/O layer holds it).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .entity import DEFAULT
-from .fleet import URGENT_CHANGE_RATIO
+from .fleet import URGENT_CHANGE_RATIO, URGENT_MIN_INTERVAL_MS
 from .ip_entities import (
     IPAddress,
     IpEntityError,
@@ -66,6 +68,18 @@ from .throttle import bounded_throttle_time_ms
 #: member of a storm would admit on its own before its peers hear of it.
 URGENT_IP_CONNECTIONS = 2
 
+#: In a fleet, while peers admit to the same IP bucket, a member takes at most this part of the
+#: headroom it saw when it last heard from them (half: right for two, fewer than each taking all for
+#: more). Every member of a storm sees the same headroom open at once, and without a part each
+#: admitted all of it before the others' reports arrived: over `--workers 2` a window's burst came to
+#: 275-283 connections against 220.
+HEADROOM_SHARE = 0.5
+#: Past its part, a connection waits this long for the peers' next report (urgent ones come at most
+#: every URGENT_MIN_INTERVAL_MS), at most PEER_WAITS times; then Kafka's formula alone decides, so
+#: a peer that has gone quiet holds a connection PEER_WAITS x PEER_WAIT_MS at most, never starves it.
+PEER_WAIT_MS = 2 * URGENT_MIN_INTERVAL_MS
+PEER_WAITS = 3
+
 #: Bucket key of the shared overflow bucket (never an address nor a prefix).
 OVERFLOW_KEY = "__overflow__"
 
@@ -81,7 +95,8 @@ class ConnectionCountError(ValueError):
 
 
 class ConnectionDecision(NamedTuple):
-    """The per-IP rate check of one connection: accepted (throttle_ms 0), or throttled."""
+    """The per-IP rate check of one connection: accepted, throttled (throttle_ms), or to be checked
+    again after wait_ms, once the fleet's peers have reported (nothing recorded meanwhile)."""
 
     throttle_ms: int
     #: the IP bucket charged; None when no IP quota applies (nothing recorded)
@@ -89,10 +104,11 @@ class ConnectionDecision(NamedTuple):
     bound: float
     #: the rate decided on: the bucket's own, plus its peers' in a fleet
     observed: float
+    wait_ms: int = 0
 
     @property
     def accepted(self) -> bool:
-        return self.throttle_ms == 0
+        return self.throttle_ms == 0 and self.wait_ms == 0
 
 
 ACCEPTED = ConnectionDecision(0, None, math.inf, 0.0)
@@ -120,6 +136,11 @@ class _IpBucket:
     #: urgent report (a storm bursts a window's worth at once on every member)
     reported: float = 0.0
     urgent_above: float = 0.0
+    #: in a fleet: the peers' rate when this member last heard from them, the connections it has
+    #: admitted since, and how many it may (HEADROOM_SHARE of the headroom it saw then)
+    heard: float = -1.0
+    since_heard: int = 0
+    part: float = 0.0
 
 
 @dataclass(slots=True)
@@ -280,10 +301,13 @@ class ConnectionQuotas:
 
     # -- 2. the per-IP rate: a throttled connection is closed after the throttle ---------------
 
-    def check_ip(self, listener: str, address: str | IPAddress, now_ms: int) -> ConnectionDecision:
+    def check_ip(self, listener: str, address: str | IPAddress, now_ms: int, *,
+                 waits: int = 0) -> ConnectionDecision:
         """Record the connection in its IP bucket; over the quota, un-record it everywhere and throttle.
 
         Must follow this connection's `accept_delay_ms` on the same listener (it un-records there).
+        In a fleet, past this member's part of the headroom the connection is un-recorded from its
+        IP bucket only and checked again after `wait_ms`, `waits` counting the times it waited.
         """
         if not self._ip_enabled:
             return ACCEPTED
@@ -296,13 +320,20 @@ class ConnectionQuotas:
         rate = bucket.rate
         rate.record(1.0, now_ms)
         observed, window_ms = rate.measure_with_window(now_ms)
+        peers = 0.0
         if self.peers is not None:
             self._charged.add(key)
             if self._on_urgent is not None and observed > bucket.urgent_above:
                 self._ask_urgent(key, bucket)
-            observed += self.peers(key, now_ms)
+            peers = self.peers(key, now_ms)
+            observed += peers
         throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
         if throttle <= 0:
+            if peers > 0.0:
+                if waits < PEER_WAITS and not self._within_part(bucket, peers, observed, bound, window_ms):
+                    rate.unrecord(1.0, now_ms)
+                    return ConnectionDecision(0, key, bound, observed, PEER_WAIT_MS)
+                bucket.since_heard += 1
             return ConnectionDecision(0, key, bound, observed)
         rate.unrecord(1.0, now_ms)
         quota = self._listener(listener)
@@ -312,6 +343,17 @@ class ConnectionQuotas:
         quota.ip_throttle_count += 1
         quota.ip_throttle_total_ms += throttle
         return ConnectionDecision(throttle, key, bound, observed)
+
+    @staticmethod
+    def _within_part(bucket: _IpBucket, peers: float, observed: float, bound: int, window_ms: int) -> bool:
+        """Whether this connection is within this member's part of the headroom it saw when it last
+        heard from its peers (a new or fading peers' rate is news: a fading one means quiet peers)."""
+        if peers != bucket.heard:
+            bucket.heard = peers
+            bucket.since_heard = 0
+            headroom = (bound - observed) * window_ms / 1000.0 + 1.0  # this connection included
+            bucket.part = max(1.0, HEADROOM_SHARE * headroom)
+        return bucket.since_heard + 1 <= bucket.part
 
     def _bucket_for(self, key: str, bound: int, configured: bool, ip: IPAddress,
                     now_ms: int) -> tuple[str, _IpBucket]:

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 from quotas.connection_quotas import (
     OVERFLOW_KEY,
+    PEER_WAIT_MS,
+    PEER_WAITS,
     ConnectionCountError,
     ConnectionQuotas,
     IpBucketUsage,
@@ -665,13 +667,45 @@ def test_a_storm_of_addresses_cannot_grow_the_buckets_past_the_bound() -> None:
 
 def test_peers_rates_are_added_into_the_decision() -> None:
     """Quota 20, 2 samples of 1 s; peers report 15/s for the bucket: 5 local connections fit
-    (5 + 15 = 20), the 6th is 21 -> (21 - 20) / 20 x 1000 = 50 ms. ip_usage lists the local part."""
+    (5 + 15 = 20), the 6th is 21 -> (21 - 20) / 20 x 1000 = 50 ms. ip_usage lists the local part.
+    (Each connection has waited for the peers PEER_WAITS times: Kafka's formula alone decides.)"""
     quotas = ConnectionQuotas(KAFKA_TEST_WINDOW, ip_quotas=IpQuotas({"10.1.2.0/24": 20}))
     quotas.attach_peers(lambda key, now: 15.0 if key == "10.1.2.0/24" else 0.0)
-    assert [quotas.check_ip("L", f"10.1.2.{i}", 0).throttle_ms for i in range(6)] == [0] * 5 + [50]
+    decisions = [quotas.check_ip("L", f"10.1.2.{i}", 0, waits=PEER_WAITS) for i in range(6)]
+    assert [d.throttle_ms for d in decisions] == [0] * 5 + [50]
     assert quotas.ip_usage(0) == [IpBucketUsage("10.1.2.0/24", 5.0, 5.0)]
     quotas.attach_peers(None)
     assert quotas.check_ip("L", "10.1.2.9", 0).accepted
+
+
+def test_a_member_takes_its_part_of_the_headroom_then_waits_for_its_peers() -> None:
+    """Quota 20 (2 samples of 1 s), peers at 10/s: the headroom is 10 connections, this member's part
+    5. The 6th waits PEER_WAIT_MS, un-recorded; once the peers report 12/s (news), the part is half
+    of what is left (20 - 5 - 12 = 3, so 1.5: one connection). Past PEER_WAITS waits Kafka's formula
+    alone decides: two more fit (6 + 2 + 12 = 20), the next is throttled as before."""
+    peers = {"rate": 10.0}
+    quotas = ConnectionQuotas(KAFKA_TEST_WINDOW, ip_quotas=IpQuotas({"10.1.2.0/24": 20}))
+    quotas.attach_peers(lambda key, now: peers["rate"])
+    first = [quotas.check_ip("L", "10.1.2.1", 0) for _ in range(6)]
+    assert [d.accepted for d in first] == [True] * 5 + [False]
+    assert first[5].wait_ms == PEER_WAIT_MS and first[5].throttle_ms == 0
+    assert quotas.ip_usage(0) == [IpBucketUsage("10.1.2.0/24", 5.0, 5.0)]  # the waiting one is not counted
+    peers["rate"] = 12.0
+    again = [quotas.check_ip("L", "10.1.2.1", 0, waits=1) for _ in range(2)]
+    assert [(d.accepted, d.wait_ms) for d in again] == [(True, 0), (False, PEER_WAIT_MS)]
+    last = [quotas.check_ip("L", "10.1.2.1", 0, waits=PEER_WAITS).throttle_ms for _ in range(3)]
+    assert last == [0, 0, 50]
+
+
+def test_quiet_or_fading_peers_hold_nothing_back() -> None:
+    """No peer rate: Kafka's formula alone. A fading peers' rate (a stale report, weighted down as
+    it ages) is news on every connection: the member is never held to a part of an old headroom."""
+    quotas = ConnectionQuotas(KAFKA_TEST_WINDOW, ip_quotas=IpQuotas({"10.1.2.0/24": 20}))
+    quotas.attach_peers(lambda key, now: 0.0)
+    assert all(quotas.check_ip("L", "10.1.2.1", 0).accepted for _ in range(20))
+    quotas = ConnectionQuotas(KAFKA_TEST_WINDOW, ip_quotas=IpQuotas({"10.1.2.0/24": 20}))
+    quotas.attach_peers(lambda key, now: 10.0 * (1.0 - now / 10_000))
+    assert all(quotas.check_ip("L", "10.1.2.1", t).accepted for t in range(1, 9))
 
 
 # -- properties -----------------------------------------------------------------------------------
