@@ -1,6 +1,6 @@
 """Where gold's time goes through a proxy on an overload bed: each request timed on the wire.
 
-tcpdump (Debian's, `make tools`; as root) captures the loopback packets of the proxy's port for the
+tcpdump (Debian's, `make bench-tools`; as root) captures the loopback packets of the proxy's port for the
 broker and of the broker's port while a phase runs. Each of gold's Produce requests then has three
 legs, timed where its bytes crossed loopback:
 
@@ -14,7 +14,8 @@ the one record of over MIN_REQUEST bytes the proxy writes for it, and answers ar
 (a broker answers a connection's requests in order). A capture that does not add up (a packet the
 kernel dropped, a leg that comes out negative) raises instead of printing a guess.
 
-Used by `python -m bench.fetch_overload --legs` (docs/protecting-the-cluster.md has its figures).
+Used by `python -m bench.overload --legs` and `python -m bench.fetch_overload --legs`
+(docs/protecting-the-cluster.md has their figures).
 """
 
 from __future__ import annotations
