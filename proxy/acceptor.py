@@ -239,6 +239,7 @@ class Acceptor:
             waits = PEER_WAITS  # in shadow nothing is held back; past the bound, Kafka's formula alone
         decision = context.connection_quotas.check_ip(self.listener, ip, now_ms, waits=waits)
         if decision.wait_ms:
+            metrics.peer_wait(self.listener)
             self._peer_waiting[conn] = asyncio.get_running_loop().call_later(
                 decision.wait_ms / 1000.0, self._admit, conn, client, peer, waits + 1)
             return

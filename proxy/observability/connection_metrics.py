@@ -11,6 +11,9 @@ Kafka names them `connection-accept-rate` (per listener, and `broker-connection-
 - `kthrottle_connection_accept_throttle_seconds_total{reason,listener}`: `connection-accept-throttle-time`;
 - `kthrottle_connections_refused_total{reason}`: closed at once, by `max_connections`,
   `max_connections_per_ip`, `max_connections_per_ip_overrides` or `proxy_header`;
+- `kthrottle_connections_peer_waits_total{listener}`: in a fleet, times a new connection waited for
+  the peers' next report before its IP quota was checked again (quotas/connection_quotas.py's
+  HEADROOM_SHARE; Kafka has no fleet);
 - `kthrottle_throttled_connections{listener}`: `ip_quota` connections accepted and waiting to be
   closed (Kafka's Acceptor `throttledSockets`, which has no metric), and
   `kthrottle_throttled_connections_closed_early_total`: those closed at once because
@@ -60,6 +63,10 @@ class ConnectionMetrics(Collector):
             "kthrottle_connection_accept_throttle_seconds",
             "Time accept loops waited for the connection-creation rates (Kafka's "
             "connection-accept-throttle-time)", ["reason", "listener"], registry=registry)
+        self._peer_waits = Counter(
+            "kthrottle_connections_peer_waits",
+            "Times a new connection waited for the fleet's peers' next report before its ip quota was "
+            "checked again (its member had used its part of the headroom)", ["listener"], registry=registry)
         self.accept_errors = Counter("kthrottle_accept_errors", "accept() calls that failed (out of "
                                      "descriptors, ...)", registry=registry)
         self._families: list[GaugeMetricFamily | CounterMetricFamily] = []
@@ -74,12 +81,16 @@ class ConnectionMetrics(Collector):
             self._throttled.labels(reason, listener)
         for reason in ("listener_rate", "proxy_rate"):
             self._delay.labels(reason, listener)
+        self._peer_waits.labels(listener)
 
     def refused(self, reason: str) -> None:
         self._refused.labels(reason).inc()
 
     def throttled(self, reason: str, listener: str) -> None:
         self._throttled.labels(reason, listener).inc()
+
+    def peer_wait(self, listener: str) -> None:
+        self._peer_waits.labels(listener).inc()
 
     def accept_delayed(self, listener: str, reason: str | None, delay_ms: int) -> None:
         why = reason or "listener_rate"

@@ -214,9 +214,10 @@ def test_one_ip_quota_over_a_fleet_and_workers(kafka_cluster: LocalKafka, tmp_pa
         alone = storm(workers.address, "127.0.0.9", RUN_S)
         throttled = [summed(workers.metrics(w), "kthrottle_connections_throttled_total", reason=THROTTLED_IP)
                      for w in (0, 1)]
+        peer_waits = [summed(workers.metrics(w), "kthrottle_connections_peer_waits_total") for w in (0, 1)]
         assert workers.alive()
     measured["--workers 2, 127.0.0.9 storming"] = rate_held("--workers 2, ip 127.0.0.9 = 20/s, one storm",
                                                             [alone])
-    report(f"--workers 2: throttled by worker {throttled}")
+    report(f"--workers 2: throttled by worker {throttled}, waits for the peer's report {peer_waits}")
     assert all(t > 0 for t in throttled), f"a worker took none of the storm's connections: {throttled}"
     assert_rates(measured, low=0.85, high=1.10)
