@@ -330,7 +330,8 @@ class ConnectionQuotas:
         throttle = bounded_throttle_time_ms(observed, bound, window_ms, self.max_throttle_ms)
         if throttle <= 0:
             if peers > 0.0:
-                if waits < PEER_WAITS and not self._within_part(bucket, peers, observed, bound, window_ms):
+                self._hear_peers(bucket, peers, observed, bound, window_ms)
+                if waits < PEER_WAITS and bucket.since_heard + 1 > bucket.part:
                     rate.unrecord(1.0, now_ms)
                     return ConnectionDecision(0, key, bound, observed, PEER_WAIT_MS)
                 bucket.since_heard += 1
@@ -345,15 +346,14 @@ class ConnectionQuotas:
         return ConnectionDecision(throttle, key, bound, observed)
 
     @staticmethod
-    def _within_part(bucket: _IpBucket, peers: float, observed: float, bound: int, window_ms: int) -> bool:
-        """Whether this connection is within this member's part of the headroom it saw when it last
-        heard from its peers (a new or fading peers' rate is news: a fading one means quiet peers)."""
+    def _hear_peers(bucket: _IpBucket, peers: float, observed: float, bound: int, window_ms: int) -> None:
+        """On news from the peers (their rate changed; a fading one, from quiet peers, changes on
+        every look), start this member's part again: HEADROOM_SHARE of the headroom it sees now."""
         if peers != bucket.heard:
             bucket.heard = peers
             bucket.since_heard = 0
             headroom = (bound - observed) * window_ms / 1000.0 + 1.0  # this connection included
             bucket.part = max(1.0, HEADROOM_SHARE * headroom)
-        return bucket.since_heard + 1 <= bucket.part
 
     def _bucket_for(self, key: str, bound: int, configured: bool, ip: IPAddress,
                     now_ms: int) -> tuple[str, _IpBucket]:

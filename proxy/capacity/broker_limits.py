@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from quotas.adaptive_capacity import CONCURRENCY, PRODUCE, AdaptiveCapacity
-from quotas.broker_concurrency import MAX_LIMIT, BrokerConcurrency, LimitChange
+from quotas.broker_concurrency import DEFAULT_TOLERANCE, MAX_LIMIT, BrokerConcurrency, LimitChange
 from quotas.capacity import CapacityManager
 from quotas.shadow import ShadowPolicy
 
@@ -73,7 +73,7 @@ class BrokerLimits:
         self.on = self.enabled
         old = self.concurrency
         self._generation += 1
-        tolerance = controller.config.latency_tolerance if controller is not None else 2.0
+        tolerance = DEFAULT_TOLERANCE if controller is None else controller.config.latency_tolerance
         self.concurrency = BrokerConcurrency(self._baseline, tolerance)
         for slots in old.brokers.values():
             for waiter in slots.drain_waiters():
