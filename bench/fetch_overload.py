@@ -6,6 +6,10 @@ what overloads. Gold (share 10, 200 acks=all records of 1 KB a second) runs alon
 consumers, on each path:
 
     direct              the broker's SSL listener itself
+    direct paced F      the broker's SSL listener beside ONE consumer reading F x what the three
+                        took, evenly, one Fetch of at most 512 KB at a time
+                        (tests/integration/paced_fetcher.py): what the broker allows gold at that
+                        load when nothing queues ahead of it, the floor any proxy is judged against
     proxy               kthrottle without a [capacity] (clients plaintext to it, TLS upstream)
     proxy aimd          adaptive, AIMD, fetch capacity 2 x what the consumers took direct
     proxy gradient      adaptive, Gradient2's rule, the same capacity
@@ -19,7 +23,9 @@ goodput at least 0.85 x direct, at once. With `--legs`, each proxy path's overlo
 says where gold's time went: in the proxy on the way in, at the broker, or in the proxy on the way
 back (bench/gold_legs.py, tcpdump on loopback).
 
-Run: `.venv/bin/python -m bench.fetch_overload [--legs]` (as root: it makes a cgroup). About 6 minutes.
+Run: `.venv/bin/python -m bench.fetch_overload [--legs]` (as root: it makes a cgroup). About 7 minutes.
+Name paths to run only those after direct:
+`python -m bench.fetch_overload "direct paced 1" "proxy concurrency"`.
 """
 
 from __future__ import annotations
@@ -43,19 +49,32 @@ from tests.integration.fetch_overload_bed import (
 from tests.integration.overload_bed import SHARES, Phase
 from tests.integration.proxies import QuotaProxy
 
+#: the loads of the paced direct paths, as shares of what the three consumers took flat out
+PACED = (0.85, 1.0)
+#: the proxy paths: name, and the adaptive controller (None: no [capacity])
+_PATHS = (("proxy", None), ("proxy aimd", "aimd"), ("proxy gradient", "gradient"),
+          ("proxy concurrency", "concurrency"))
 
-def _overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> tuple[Phase, str]:
+
+def _overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None,
+                paced: float | None = None) -> tuple[Phase, str]:
     """The overloaded phase, and the broker's collections during it."""
     count, seconds = bed.collections()
-    loaded = overloaded(bootstrap, bed, ssl_ca)
+    loaded = overloaded(bootstrap, bed, ssl_ca, paced)
     count_after, seconds_after = bed.collections()
     return loaded, f"broker GCs {count_after - count} ({(seconds_after - seconds) * 1000:.0f} ms)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", help="run only these paths after direct")
     parser.add_argument("--legs", action="store_true", help="time gold's requests on each leg (tcpdump)")
-    legs = parser.parse_args().legs
+    arguments = parser.parse_args()
+    legs, only = arguments.legs, arguments.paths
+    known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _ in _PATHS]
+    unknown = set(only) - set(known)
+    if unknown:
+        raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {known}")
     with fetch_overload_bed() as bed:
         assert bed.kafka.ssl_bootstrap is not None
         direct_bootstrap = bed.kafka.ssl_bootstrap
@@ -67,11 +86,18 @@ def main() -> None:
         print("path             gold alone p50/p99 ms   overloaded p50/p99 ms   p99/quiet   "
               "goodput (x direct)")
         print(_line("direct", alone, loaded, direct, collected), flush=True)
-        paths = [("proxy", ""),
-                 ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
-                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient")),
-                 ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"))]
-        for name, table in paths:
+        for fraction in PACED:
+            name = f"direct paced {fraction:g}"
+            if only and name not in only:
+                continue
+            settle(direct_bootstrap, bed, bed.ca)
+            paced, collected = _overloaded(direct_bootstrap, bed, bed.ca, paced=fraction * direct)
+            print(_line(name, alone, paced, direct, collected), flush=True)
+        for name, controller in _PATHS:
+            if only and name not in only:
+                continue
+            table = ("" if controller is None
+                     else capacity_table(2 * direct, adaptive=True, controller=controller))
             with tempfile.TemporaryDirectory() as work, \
                     QuotaProxy(direct_bootstrap, Path(work), bed.upstream_tls + table) as proxy:
                 proxy.set_quotas(SHARES)

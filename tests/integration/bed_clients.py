@@ -5,7 +5,7 @@ producers in the same process as gold, gold's measured latency was mostly the wa
 which is the client's queue, not the broker's. Here gold has a process to itself and the
 producers another, so what gold measures is the proxy and the broker.
 
-Run as `python -m tests.integration.bed_clients gold|flat|consume BOOTSTRAP TOPIC SECONDS [options]`;
+Run as `python -m tests.integration.bed_clients gold|flat|consume|fetch BOOTSTRAP TOPIC SECONDS [options]`;
 each prints one JSON line when done. `BedClient` starts one and reads that line.
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from tests.integration.paced_fetcher import fetch_paced
 from tests.integration.quota_runs import RunResult, consume_for, produce_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +170,14 @@ def start_consumers(bootstrap: str, topic: str, seconds: float, consumers: int =
     return BedClient("consume", bootstrap, topic, str(seconds), "--consumers", str(consumers), *tls)
 
 
+def start_paced_fetcher(bootstrap: str, topic: str, partitions: int, seconds: float, offered_rate: float,
+                        ssl_ca: str | None = None) -> BedClient:
+    """One consumer reading `offered_rate` bytes/s evenly, one Fetch at a time (paced_fetcher.py)."""
+    tls = [] if ssl_ca is None else ["--ssl-ca", ssl_ca]
+    return BedClient("fetch", bootstrap, topic, str(seconds), "--partitions", str(partitions),
+                     "--offered-rate", str(offered_rate), *tls)
+
+
 def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, value_bytes: int = 4000,
                batch_bytes: int = 16384, offered_rate: float | None = None) -> BedClient:
     paced = [] if offered_rate is None else ["--offered-rate", str(offered_rate)]
@@ -178,7 +187,7 @@ def start_flat(bootstrap: str, topic: str, seconds: float, producers: int = 3, v
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["gold", "flat", "consume"])
+    parser.add_argument("kind", choices=["gold", "flat", "consume", "fetch"])
     parser.add_argument("bootstrap")
     parser.add_argument("topic")
     parser.add_argument("seconds", type=float)
@@ -188,12 +197,17 @@ def main() -> None:
     parser.add_argument("--batch-bytes", type=int, default=16384)
     parser.add_argument("--offered-rate", type=float, default=None)
     parser.add_argument("--consumers", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--ssl-ca", default=None)
     args = parser.parse_args()
     if args.kind == "gold":
         out = gold(args.bootstrap, args.topic, args.seconds, args.client_id, args.ssl_ca)
     elif args.kind == "consume":
         out = consume(args.bootstrap, args.topic, args.seconds, args.consumers, args.ssl_ca)
+    elif args.kind == "fetch":
+        assert args.offered_rate is not None, "fetch needs --offered-rate"
+        out = fetch_paced(args.bootstrap, args.topic, args.partitions, args.seconds, args.offered_rate,
+                          args.ssl_ca)
     else:
         out = flat(args.bootstrap, args.topic, args.seconds, args.producers, args.value_bytes,
                    args.batch_bytes, args.offered_rate)

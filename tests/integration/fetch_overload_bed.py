@@ -38,7 +38,7 @@ from harness.cpu_limit import CpuLimit
 from harness.kafka_jars import java_executable
 from harness.local_kafka import LocalKafka
 from tests.integration import overload_bed
-from tests.integration.bed_clients import start_consumers, start_gold
+from tests.integration.bed_clients import start_consumers, start_gold, start_paced_fetcher
 from tests.integration.overload_bed import GOODPUT_S, PHASE_S, QUIET_RUNS, QUIET_S, SETTLE_S, SKIP_S, Phase
 
 BROKER_CORES = 0.5
@@ -128,10 +128,13 @@ def quiet(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> Phase:
     return Phase(min(p50 for p50, _ in runs), min(p99 for _, p99 in runs), 0.0)
 
 
-def overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None) -> Phase:
-    """Gold beside the three consumers; goodput is the record bytes/s the consumers received."""
+def overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None, paced: float | None = None) -> Phase:
+    """Gold beside the three consumers; goodput is the record bytes/s the consumers received.
+    `paced`: beside one consumer reading that many bytes/s evenly, one Fetch at a time, instead
+    (paced_fetcher.py: the floor)."""
     gold = start_gold(bootstrap, bed.gold_topic, PHASE_S, ssl_ca=ssl_ca)
-    consumers = start_consumers(bootstrap, bed.backlog, PHASE_S, ssl_ca=ssl_ca)
+    consumers = (start_consumers(bootstrap, bed.backlog, PHASE_S, ssl_ca=ssl_ca) if paced is None
+                 else start_paced_fetcher(bootstrap, bed.backlog, PARTITIONS, PHASE_S, paced, ssl_ca=ssl_ca))
     consumed, gold_result = consumers.result(), gold.result()
     p50, p99 = gold_result.gold_percentiles(SKIP_S)
     return Phase(p50, p99, consumed.consumed(PHASE_S - GOODPUT_S, PHASE_S))
