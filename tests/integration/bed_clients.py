@@ -205,7 +205,8 @@ def main() -> None:
     elif args.kind == "consume":
         out = consume(args.bootstrap, args.topic, args.seconds, args.consumers, args.ssl_ca)
     elif args.kind == "fetch":
-        assert args.offered_rate is not None, "fetch needs --offered-rate"
+        if args.offered_rate is None:
+            parser.error("fetch needs --offered-rate (bytes/s)")
         out = fetch_paced(args.bootstrap, args.topic, args.partitions, args.seconds, args.offered_rate,
                           args.ssl_ca)
     else:
