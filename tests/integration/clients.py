@@ -277,13 +277,13 @@ def produce_known_records(conf: dict[str, Any], topic: str, count: int) -> None:
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
     """Exactly `size` bytes from `sock` (ConnectionError naming how many came if it closes first)."""
-    data = b""
+    data = bytearray()  # grown in place: a bytes += copies the whole of it per chunk
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
             raise ConnectionError(f"closed after {len(data)} of {size} bytes")
         data += chunk
-    return data
+    return bytes(data)
 
 
 def api_versions_v0(sock: socket.socket, correlation_id: int, client_id: bytes = b"kthrottle-test") -> int:

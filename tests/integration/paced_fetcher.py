@@ -32,6 +32,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse
 from protocol.broker_admission import FETCH_BYTES_WHILE_LIMITED
 from protocol.frames import frame
 from protocol.headers import encode_request_header
+from tests.integration.clients import recv_exact
 
 FETCH_VERSION = 12
 ASK_BYTES = FETCH_BYTES_WHILE_LIMITED
@@ -53,16 +54,6 @@ def complete_batches(records: bytes) -> tuple[int, int | None]:
         (delta,) = _LAST_OFFSET_DELTA.unpack_from(records, pos + 23)
         next_offset, pos = base + delta + 1, end
     return pos, next_offset
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"the broker closed the connection after {len(data)} of {size} bytes")
-        data += chunk
-    return bytes(data)
 
 
 def _request(topic: str, offsets: list[int], first: int, correlation_id: int) -> bytes:
@@ -103,8 +94,8 @@ def fetch_paced(bootstrap: str, topic: str, partitions: int, seconds: float, off
                 continue
             n += 1
             sock.sendall(_request(topic, offsets, n, n))
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-            message, _end = decode(memoryview(_recv_exact(sock, size)), 5)  # after the v1 header
+            (size,) = struct.unpack(">i", recv_exact(sock, 4))
+            message, _end = decode(memoryview(recv_exact(sock, size)), 5)  # after the v1 header
             if message.error_code:
                 raise RuntimeError(f"Fetch answered error {message.error_code}")
             got = 0
