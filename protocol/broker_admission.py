@@ -40,9 +40,10 @@ class BrokerAdmission(Protocol):
         """A ticket: the request holds a slot (given back with `done`); None: it waits, and the
         I/O layer calls `ProxyConnection.slot_granted` with its ticket when its turn comes."""
 
-    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
-        """The request holding `ticket` ended; `latency_ms` judges the limit (None: it must not,
-        a Fetch's or one never answered)."""
+    def done(self, ticket: Hashable, latency_ms: float | None, fetch: bool = False) -> None:
+        """The request holding `ticket` ended: a Produce answered after `latency_ms`, which judges the
+        limit; a Fetch answered (`fetch`: its time must not judge it, but a Fetch held the slot); or
+        one never answered (neither)."""
 
     def limited(self, principal: str, client_id: str) -> bool:
         """The broker's limit is below its maximum and applies to this client (not in shadow): its
@@ -96,8 +97,8 @@ class AdmissionGate:
 
     def answered(self, ticket: Hashable, latency_ms: float | None) -> None:
         """The request holding `ticket` was answered after `latency_ms` (None: a Fetch, whose time
-        must not judge the limit)."""
-        self.admission.done(ticket, latency_ms)
+        must not judge the limit, though the limit learns that a Fetch held the slot)."""
+        self.admission.done(ticket, latency_ms, fetch=latency_ms is None)
 
     def release(self) -> list[Hashable]:
         """The connection closes: the slot granted and not yet taken, for the I/O layer to give back

@@ -104,10 +104,10 @@ class BrokerLimits:
         self.waits.labels(str(session.broker), "enforced").inc()
         return (self._generation, tenant), False
 
-    def completed(self, broker: int, ticket: Hashable, latency_ms: float | None) -> None:
+    def completed(self, broker: int, ticket: Hashable, latency_ms: float | None, fetch: bool = False) -> None:
         if ticket is UNCOUNTED or not isinstance(ticket, tuple) or ticket[0] != self._generation:
             return
-        woken, change = self.concurrency.completed(broker, ticket[1], latency_ms, _now_ms())
+        woken, change = self.concurrency.completed(broker, ticket[1], latency_ms, _now_ms(), fetch)
         if change is not None:
             self._changed(change)
         for waiter in woken:
@@ -150,8 +150,8 @@ class SessionSlots:
         self.waiting = ticket
         return None
 
-    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
-        self.owner.completed(self.broker, ticket, latency_ms)
+    def done(self, ticket: Hashable, latency_ms: float | None, fetch: bool = False) -> None:
+        self.owner.completed(self.broker, ticket, latency_ms, fetch)
 
     def limited(self, principal: str, client_id: str) -> bool:
         owner = self.owner

@@ -12,7 +12,7 @@ class Admission:
 
     def __init__(self, free: int) -> None:
         self.free = free
-        self.returned: list[tuple[Hashable, float | None]] = []
+        self.returned: list[tuple[Hashable, float | None, bool]] = []
 
     def admit(self, principal: str, client_id: str) -> Hashable | None:
         if self.free <= 0:
@@ -20,8 +20,8 @@ class Admission:
         self.free -= 1
         return f"{client_id}-{self.free}"
 
-    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
-        self.returned.append((ticket, latency_ms))
+    def done(self, ticket: Hashable, latency_ms: float | None, fetch: bool = False) -> None:
+        self.returned.append((ticket, latency_ms, fetch))
 
 
 def _gate(free: int) -> tuple[AdmissionGate, Admission]:
@@ -30,11 +30,14 @@ def _gate(free: int) -> tuple[AdmissionGate, Admission]:
 
 
 def test_a_free_slot_is_taken_and_given_back_with_its_latency() -> None:
-    gate, admission = _gate(1)
+    gate, admission = _gate(2)
     ticket = gate.take("u", "c")
-    assert ticket == "c-0" and not gate.awaiting
+    assert ticket == "c-1" and not gate.awaiting
     gate.answered(ticket, 12.5)
-    assert admission.returned == [("c-0", 12.5)]
+    assert admission.returned == [("c-1", 12.5, False)]
+    fetch = gate.take("u", "c")
+    gate.answered(fetch, None)  # a Fetch: untimed, told as one
+    assert admission.returned[-1] == (fetch, None, True)
 
 
 def test_a_request_waits_and_takes_the_slot_granted_to_it() -> None:
@@ -48,7 +51,7 @@ def test_a_request_waits_and_takes_the_slot_granted_to_it() -> None:
 def test_a_slot_granted_to_nobody_goes_back_at_once() -> None:
     gate, admission = _gate(0)
     assert not gate.granted("stray")
-    assert admission.returned == [("stray", None)]
+    assert admission.returned == [("stray", None, False)]
 
 
 def test_closing_gives_back_a_granted_slot_not_yet_taken() -> None:
@@ -58,4 +61,4 @@ def test_closing_gives_back_a_granted_slot_not_yet_taken() -> None:
     assert gate.release() == ["kept"] and not gate.awaiting
     assert gate.release() == []
     gate.give_back("other")
-    assert admission.returned == [("other", None)]
+    assert admission.returned == [("other", None, False)]

@@ -13,6 +13,8 @@ from protocol.connection import STREAM_MIN_BYTES, AwaitSlot, ProxyConnection
 from protocol.headers import parse_request_header
 from quotas.broker_concurrency import (
     ACTIVE_MS,
+    AVOIDANCE_STEP,
+    AVOIDANCE_WINDOWS,
     MAX_LIMIT,
     MIN_LIMIT,
     WINDOW_MS,
@@ -136,6 +138,44 @@ def test_the_limit_is_cut_from_what_was_in_flight_and_grows_by_its_square_root()
     assert change is not None and abs(slots.limit - (7.0 + 7.0 ** 0.5)) < 1e-9
 
 
+def test_after_a_cut_while_fetches_held_slots_the_limit_grows_by_a_step_then_by_its_square_root() -> None:
+    concurrency: BrokerConcurrency[str] = BrokerConcurrency(lambda broker: 4.0)  # bound 2 x 4 + 1 ms
+    slots = concurrency.slots(1)
+    slots.limit = 10.0
+    for n in range(10):
+        slots.acquire(f"t{n}", 1.0, f"w{n}", 0.0)
+    slots.sample(1.0, 0.0, 9.0)  # opens the window
+    concurrency.completed(1, "t0", None, 5.0, fetch=True)  # a Fetch answered: untimed, but counted
+    assert slots.limit == 10.0
+    window(slots, [30.0] * 5, 10.0, bound=9.0)
+    assert slots.limit == 7.0
+    limits = []
+    for n in range(AVOIDANCE_WINDOWS + 1):  # healthy windows without Fetches
+        window(slots, [3.0] * 5, (2 + 2 * n) * WINDOW_MS, bound=9.0)
+        limits.append(slots.limit)
+    stepped = 7.0 + AVOIDANCE_WINDOWS * AVOIDANCE_STEP
+    assert limits[:-1] == [7.0 + (n + 1) * AVOIDANCE_STEP for n in range(AVOIDANCE_WINDOWS)]
+    assert abs(limits[-1] - (stepped + stepped ** 0.5)) < 1e-9, "back to square-root growth"
+
+
+def test_a_cut_without_fetches_or_after_a_connection_closed_grows_back_by_the_square_root() -> None:
+    concurrency: BrokerConcurrency[str] = BrokerConcurrency(lambda broker: 4.0)
+    slots = concurrency.slots(1)
+    slots.limit = 10.0
+    for n in range(10):
+        slots.acquire(f"t{n}", 1.0, f"w{n}", 0.0)
+    slots.sample(1.0, 0.0, 9.0)
+    concurrency.completed(1, "t0", None, 5.0)  # never answered: not a Fetch's piece of work
+    window(slots, [30.0] * 5, 10.0, bound=9.0)
+    window(slots, [3.0] * 5, 2 * WINDOW_MS, bound=9.0)
+    assert abs(slots.limit - (7.0 + 7.0 ** 0.5)) < 1e-9
+    # a Fetch answered in a window that was not cut changes nothing either
+    concurrency.completed(1, "t1", None, 3 * WINDOW_MS, fetch=True)
+    before = slots.limit
+    window(slots, [3.0] * 5, 4 * WINDOW_MS, bound=9.0)
+    assert abs(slots.limit - (before + before ** 0.5)) < 1e-9
+
+
 def test_no_baseline_or_too_few_samples_move_nothing() -> None:
     slots = limited(8)
     window(slots, [100.0] * 5, 0.0, bound=None)
@@ -213,14 +253,14 @@ class Slots:
 
     def __init__(self, limit: float) -> None:
         self.slots = limited(limit)
-        self.done_with: list[tuple[Hashable, float | None]] = []
+        self.done_with: list[tuple[Hashable, float | None, bool]] = []
         self.woken: list[str] = []
 
     def admit(self, principal: str, client_id: str) -> Hashable | None:
         return client_id if self.slots.acquire(client_id, 1.0, client_id, 0.0) else None
 
-    def done(self, ticket: Hashable, latency_ms: float | None) -> None:
-        self.done_with.append((ticket, latency_ms))
+    def done(self, ticket: Hashable, latency_ms: float | None, fetch: bool = False) -> None:
+        self.done_with.append((ticket, latency_ms, fetch))
         self.woken += self.slots.release(ticket)
 
     def limited(self, principal: str, client_id: str) -> bool:
@@ -244,7 +284,7 @@ def test_a_produce_over_the_limit_waits_with_what_follows_and_goes_on_in_order()
     assert [parse_request_header(f).correlation_id for f in broker_frames(actions)] == [1]
     assert of_type(actions, AwaitSlot) and conn.awaiting_slot
     actions = conn.receive_from_broker(framed(produce_response(1, 9)), 35.0)
-    assert admission.done_with == [("test-client", 15.0)]
+    assert admission.done_with == [("test-client", 15.0, False)]
     assert admission.woken == [conn.client_id]  # the waiter: the connection's own request 2
     actions = conn.slot_granted("test-client", 36.0)
     # request 2 takes the slot; request 3 (acks=0) takes none
@@ -257,7 +297,7 @@ def test_a_grant_nobody_waits_for_is_given_back() -> None:
     admission = Slots(1)
     conn = ProxyConnection(advertise, admission=admission)
     assert conn.slot_granted("test-client", 1.0) == []
-    assert admission.done_with == [("test-client", None)]
+    assert admission.done_with == [("test-client", None, False)]
 
 
 def _catching_up(conn: ProxyConnection, admission: Slots, size: int = CATCHING_UP_BYTES) -> None:
@@ -283,7 +323,7 @@ def test_a_catching_up_consumer_fetch_takes_a_slot_asks_for_less_and_its_time_ju
     _catching_up(other, admission)
     assert of_type(other.receive_from_client(fetch_request(2, "test-client"), 3.5), AwaitSlot)
     conn.receive_from_broker(framed(fetch_response(2, b"")), 9.0)
-    assert admission.done_with == [("test-client", None)], "a Fetch's time (its long poll) judged the limit"
+    assert admission.done_with == [("test-client", None, True)], "a Fetch told as a Produce or timed"
     assert admission.woken == ["test-client"]
     # that answer was empty: the consumer is caught up, and its next long poll holds no slot
     conn.receive_from_client(fetch_request(3, "test-client"), 10.0)
@@ -308,7 +348,7 @@ def test_a_streamed_fetch_holds_its_slot_until_its_last_byte_or_its_connection_c
     assert to_client(conn.receive_from_broker(big[:STREAM_MIN_BYTES], 4.0))  # streaming has begun
     assert admission.done_with == [] and admission.slots.in_flight == 1
     assert to_client(conn.receive_from_broker(big[STREAM_MIN_BYTES:], 5.0))
-    assert admission.done_with == [("test-client", None)]
+    assert admission.done_with == [("test-client", None, True)]
     # the next one streams too, and the client leaves in the middle of it: its slot goes back
     conn.receive_from_client(fetch_request(3, "test-client"), 6.0)
     big = framed(fetch_response(3, b"r" * (3 * STREAM_MIN_BYTES)))
