@@ -19,8 +19,9 @@ from typing import Self
 
 from tests.quiet.need import Need
 
-#: How long other tests wait for the ``alone`` tests to be done before going on regardless.
-ALONE_FIRST_WAIT_S = 300.0
+#: How long other tests wait for the ``alone`` tests to be done before going on regardless (the two
+#: overload beds' tests take about 130 s each).
+ALONE_FIRST_WAIT_S = 600.0
 
 
 class Room:
