@@ -38,7 +38,7 @@ from harness.cpu_limit import CpuLimit
 from harness.kafka_jars import java_executable
 from harness.local_kafka import LocalKafka
 from tests.integration import overload_bed
-from tests.integration.bed_clients import start_consumers, start_gold, start_paced_fetcher
+from tests.integration.bed_clients import BedClient, start_consumers, start_gold, start_paced_fetcher
 from tests.integration.overload_bed import GOODPUT_S, PHASE_S, QUIET_RUNS, QUIET_S, SETTLE_S, SKIP_S, Phase
 
 BROKER_CORES = 0.5
@@ -77,6 +77,39 @@ class FetchBed:
     def upstream_tls(self) -> str:
         """The `[upstream_tls]` table a proxy in front of the bed needs."""
         return f'\n[upstream_tls]\nca = "{self.ca}"\n'
+
+    # -- what one run of tests/integration/overload_runs.py needs ------------------------------
+    direction = "fetch_byte_rate"
+
+    @property
+    def proxy_config(self) -> str:
+        return self.upstream_tls
+
+    @property
+    def title(self) -> str:
+        return f"fetch overload bed (broker at {self.limit.cores} core, TLS)"
+
+    @property
+    def direct(self) -> str:
+        """The broker's SSL listener."""
+        assert self.kafka.ssl_bootstrap is not None, "the fetch bed has no SSL listener"
+        return self.kafka.ssl_bootstrap
+
+    def _ca(self, bootstrap: str) -> str | None:
+        """The CA to trust at `bootstrap`: the broker's listener is TLS, a proxy in front is plaintext."""
+        return self.ca if bootstrap == self.direct else None
+
+    def quiet_at(self, bootstrap: str) -> Phase:
+        return quiet(bootstrap, self, self._ca(bootstrap))
+
+    def overloaded_at(self, bootstrap: str) -> Phase:
+        return overloaded(bootstrap, self, self._ca(bootstrap))
+
+    def settle_at(self, bootstrap: str) -> None:
+        settle(bootstrap, self, self._ca(bootstrap))
+
+    def gold_at(self, bootstrap: str, seconds: float) -> BedClient:
+        return start_gold(bootstrap, self.gold_topic, seconds, ssl_ca=self._ca(bootstrap))
 
 
 def _fill(bootstrap: str, topic: str, megabytes: int) -> None:

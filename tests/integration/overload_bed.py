@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from harness.cpu_limit import CpuLimit
 from harness.local_kafka import LocalKafka
-from tests.integration.bed_clients import start_flat, start_gold
+from tests.integration.bed_clients import BedClient, start_flat, start_gold
 from tests.integration.test_quotas import _topic
 
 BROKER_CORES = 0.5
@@ -56,6 +56,30 @@ class Bed:
     kafka: LocalKafka
     topic: str
     limit: CpuLimit
+    #: what its load moves, as a `[capacity]` names it
+    direction = "produce_byte_rate"
+    #: what a proxy in front of it needs beside its quotas (nothing: plaintext)
+    proxy_config = ""
+
+    @property
+    def title(self) -> str:
+        return f"overload bed (broker at {self.limit.cores} core)"
+
+    @property
+    def direct(self) -> str:
+        return self.kafka.bootstrap
+
+    def quiet_at(self, bootstrap: str) -> Phase:
+        return quiet(bootstrap, self.topic)
+
+    def overloaded_at(self, bootstrap: str) -> Phase:
+        return overloaded(bootstrap, self.topic)
+
+    def settle_at(self, bootstrap: str) -> None:
+        settle(bootstrap, self.topic)
+
+    def gold_at(self, bootstrap: str, seconds: float) -> BedClient:
+        return start_gold(bootstrap, self.topic, seconds)
 
 
 @contextlib.contextmanager

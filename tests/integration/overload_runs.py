@@ -23,14 +23,17 @@ test's docstring says how often it missed.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from quotas.broker_concurrency import MAX_LIMIT
 from tests.integration.bed_clients import BedClient
-from tests.integration.overload_bed import Phase
+from tests.integration.overload_bed import SHARES, Phase, capacity_table
 from tests.integration.proxies import QuotaProxy
 from tests.integration.quota_runs import report
 
@@ -45,6 +48,53 @@ GOODPUT_TARGET = 0.85
 KEPT = "concurrency"
 LIMIT = "kthrottle_broker_request_limit"
 WAITS = "kthrottle_broker_request_waits_total"
+
+
+class OverloadBed(Protocol):
+    """What one run needs of a bed (overload_bed.Bed, fetch_overload_bed.FetchBed): gold and the
+    bed's load on a path given by its bootstrap, the broker's own (`direct`) or a proxy's."""
+
+    direction: str
+
+    @property
+    def title(self) -> str: ...
+    @property
+    def direct(self) -> str: ...
+    @property
+    def proxy_config(self) -> str: ...
+    def quiet_at(self, bootstrap: str) -> Phase: ...
+    def overloaded_at(self, bootstrap: str) -> Phase: ...
+    def settle_at(self, bootstrap: str) -> None: ...
+    def gold_at(self, bootstrap: str, seconds: float) -> BedClient: ...
+
+
+def one_run(bed: OverloadBed, workdir: Path) -> None:
+    """The module's run on `bed`, judged (`judge`). Direct is overloaded first: the broker's first
+    seconds under its quota are slow even for gold alone (p99 53 ms against 2 ms later on the
+    produce bed), so its quiet figure is taken once that has passed. Each path settles (the last
+    phase's queue drains) before gold alone is measured on it."""
+    direct = bed.overloaded_at(bed.direct)
+    bed.settle_at(bed.direct)
+    direct_alone = bed.quiet_at(bed.direct)
+    capacity = 2 * direct.goodput  # twice what the bed takes: the static capacity never binds
+    with _proxy(bed, workdir / "off", capacity_table(capacity, False, direction=bed.direction)) as proxy:
+        bed.settle_at(proxy.bootstrap)
+        off = bed.quiet_at(proxy.bootstrap), bed.overloaded_at(proxy.bootstrap)
+    with _proxy(bed, workdir / "on", capacity_table(capacity, True, KEPT, bed.direction)) as proxy:
+        bed.settle_at(proxy.bootstrap)
+        on_alone = bed.quiet_at(proxy.bootstrap)
+        on = with_the_limit(proxy, lambda: bed.overloaded_at(proxy.bootstrap),
+                            lambda seconds: bed.gold_at(proxy.bootstrap, seconds))
+    judge(bed.title, (direct_alone, direct), off, on_alone, on)
+
+
+@contextlib.contextmanager
+def _proxy(bed: OverloadBed, workdir: Path, table: str) -> Iterator[QuotaProxy]:
+    """A proxy in front of the bed's broker, with `table` and the bed's shares."""
+    workdir.mkdir()
+    with QuotaProxy(bed.direct, workdir, bed.proxy_config + table) as proxy:
+        proxy.set_quotas(SHARES)
+        yield proxy
 
 
 @dataclass(frozen=True)
@@ -120,4 +170,4 @@ def judge(bed: str, direct: tuple[Phase, Phase], off: tuple[Phase, Phase], on_al
 
 
 __all__ = ["GOODPUT_TARGET", "KEPT", "LIMIT", "OFF_RATIO", "OVERLOAD_RATIO", "P99_SLACK_MS", "P99_TARGET",
-           "RECOVERY_S", "WAITS", "Limited", "judge", "with_the_limit"]
+           "RECOVERY_S", "WAITS", "Limited", "OverloadBed", "judge", "one_run", "with_the_limit"]

@@ -15,18 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.bed_clients import start_gold
-from tests.integration.fetch_overload_bed import (
-    FetchBed,
-    capacity_table,
-    fetch_overload_bed,
-    overloaded,
-    quiet,
-    settle,
-)
-from tests.integration.overload_bed import SHARES, Phase
-from tests.integration.overload_runs import KEPT, Limited, judge, with_the_limit
-from tests.integration.proxies import QuotaProxy
+from tests.integration.fetch_overload_bed import FetchBed, fetch_overload_bed
+from tests.integration.overload_runs import one_run
 
 #: as the produce bed's test: latencies, with nothing beside it (tests/quiet/)
 pytestmark = [pytest.mark.quiet, pytest.mark.alone]
@@ -38,41 +28,6 @@ def bed() -> Iterator[FetchBed]:
         yield made
 
 
-def _proxy(bed: FetchBed, workdir: Path, table: str) -> QuotaProxy:
-    """A proxy in front of the bed: clients speak plaintext to it, it speaks TLS to the broker."""
-    workdir.mkdir()
-    return QuotaProxy(_direct(bed), workdir, bed.upstream_tls + table)
-
-
-def _direct(bed: FetchBed) -> str:
-    assert bed.kafka.ssl_bootstrap is not None, "the fetch bed has no SSL listener"
-    return bed.kafka.ssl_bootstrap
-
-
-def _bare(bed: FetchBed, workdir: Path, table: str) -> tuple[Phase, Phase]:
-    with _proxy(bed, workdir, table) as proxy:
-        proxy.set_quotas(SHARES)
-        settle(proxy.bootstrap, bed, None)
-        return quiet(proxy.bootstrap, bed, None), overloaded(proxy.bootstrap, bed, None)
-
-
-def _limited(bed: FetchBed, workdir: Path, table: str) -> tuple[Phase, Limited]:
-    with _proxy(bed, workdir, table) as proxy:
-        proxy.set_quotas(SHARES)
-        settle(proxy.bootstrap, bed, None)
-        alone = quiet(proxy.bootstrap, bed, None)
-        return alone, with_the_limit(proxy, lambda: overloaded(proxy.bootstrap, bed, None),
-                                     lambda seconds: start_gold(proxy.bootstrap, bed.gold_topic, seconds))
-
-
 def test_consumers_catching_up_overload_the_broker_and_the_concurrency_limit_protects_gold(
         bed: FetchBed, tmp_path: Path) -> None:
-    direct = overloaded(_direct(bed), bed, bed.ca)
-    capacity = direct.goodput
-    settle(_direct(bed), bed, bed.ca)
-    direct_alone = quiet(_direct(bed), bed, bed.ca)
-    off = _bare(bed, tmp_path / "off", capacity_table(2 * capacity, adaptive=False))
-    on_alone, on = _limited(bed, tmp_path / "on",
-                            capacity_table(2 * capacity, adaptive=True, controller=KEPT))
-    judge(f"fetch overload bed (broker at {bed.limit.cores} core, TLS)", (direct_alone, direct), off,
-          on_alone, on)
+    one_run(bed, tmp_path)
