@@ -11,6 +11,9 @@ consumers, on each path:
                         (tests/integration/paced_fetcher.py): what the broker allows gold at that
                         load when nothing queues ahead of it, the floor any proxy is judged against
     proxy               kthrottle without a [capacity] (clients plaintext to it, TLS upstream)
+    proxy paced 1       kthrottle without a [capacity] beside ONE consumer reading what the three
+                        took direct, evenly, one Fetch at a time (as `direct paced 1`): nothing
+                        queues, so this is the floor of any path through the proxy on this machine
     proxy aimd          adaptive, AIMD, fetch capacity 2 x what the consumers took direct
     proxy gradient      adaptive, Gradient2's rule, the same capacity
     proxy concurrency   adaptive, the per-broker concurrency limit (Produce and catching-up
@@ -23,7 +26,7 @@ goodput at least 0.85 x direct, at once. With `--legs`, each proxy path's overlo
 says where gold's time went: in the proxy on the way in, at the broker, or in the proxy on the way
 back (bench/gold_legs.py, tcpdump on loopback).
 
-Run: `.venv/bin/python -m bench.fetch_overload [--legs]` (as root: it makes a cgroup). About 7 minutes.
+Run: `.venv/bin/python -m bench.fetch_overload [--legs]` (as root: it makes a cgroup). About 8 minutes.
 Name paths to run only those after direct:
 `python -m bench.fetch_overload "direct paced 1" "proxy concurrency"`.
 """
@@ -51,9 +54,10 @@ from tests.integration.proxies import QuotaProxy
 
 #: the loads of the paced direct paths, as shares of what the three consumers took flat out
 PACED = (0.85, 1.0)
-#: the proxy paths: name, and the adaptive controller (None: no [capacity])
-_PATHS = (("proxy", None), ("proxy aimd", "aimd"), ("proxy gradient", "gradient"),
-          ("proxy concurrency", "concurrency"))
+#: the proxy paths: name, the adaptive controller (None: no [capacity]), and the paced consumer's
+#: share of direct's goodput (None: the three consumers flat out)
+_PATHS = (("proxy", None, None), ("proxy paced 1", None, 1.0), ("proxy aimd", "aimd", None),
+          ("proxy gradient", "gradient", None), ("proxy concurrency", "concurrency", None))
 
 
 def _overloaded(bootstrap: str, bed: FetchBed, ssl_ca: str | None,
@@ -71,7 +75,7 @@ def main() -> None:
     parser.add_argument("--legs", action="store_true", help="time gold's requests on each leg (tcpdump)")
     arguments = parser.parse_args()
     legs, only = arguments.legs, arguments.paths
-    known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _ in _PATHS]
+    known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _, _ in _PATHS]
     unknown = set(only) - set(known)
     if unknown:
         raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {known}")
@@ -93,7 +97,7 @@ def main() -> None:
             settle(direct_bootstrap, bed, bed.ca)
             paced, collected = _overloaded(direct_bootstrap, bed, bed.ca, paced=fraction * direct)
             print(_line(name, alone, paced, direct, collected), flush=True)
-        for name, controller in _PATHS:
+        for name, controller, pace in _PATHS:
             if only and name not in only:
                 continue
             table = ("" if controller is None
@@ -105,7 +109,8 @@ def main() -> None:
                 alone = quiet(proxy.bootstrap, bed, None)
                 with (gold_legs.capture(Path(work), proxy.node_port(1), broker_port) if legs
                       else contextlib.nullcontext()) as pcap:
-                    loaded, extra = _overloaded(proxy.bootstrap, bed, None)
+                    loaded, extra = _overloaded(proxy.bootstrap, bed, None,
+                                                None if pace is None else pace * direct)
                 if "adaptive = true" in table:
                     moves = re.findall(r"capacity factor [\d.]+ -> ([\d.]+)", proxy.log())
                     factors = [float(m) for m in moves]

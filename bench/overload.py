@@ -11,6 +11,10 @@ each path:
                         load when nothing queues ahead of it, the floor any proxy is judged against
     proxy               kthrottle without a [capacity]: forwarding only (the bare-relay figure;
                         a byte relay cannot front a broker whose metadata names its own address)
+    proxy paced 1       kthrottle without a [capacity] beside ONE producer sending what the three
+                        took, evenly: nothing queues, so this is the floor of any path through the
+                        proxy on this machine (the proxy's own work on the two cores the broker
+                        and the clients share), the one the proxy paths are judged against
     proxy static        kthrottle with a static capacity of 0.85 x what the bed took direct: the
                         best a rate limit can do when it knows the capacity (the floor)
     proxy aimd          adaptive, AIMD, capacity 2 x the bed's
@@ -26,7 +30,7 @@ targets: p99 at most 2 x quiet + 5 ms and goodput at least 0.85 x direct, at onc
 With `--legs`, each proxy path's overloaded phase also says where gold's time went: in the proxy
 on the way in, at the broker, or in the proxy on the way back (bench/gold_legs.py, tcpdump).
 
-Run: `.venv/bin/python -m bench.overload [--legs]` (as root: it makes a cgroup). About 8 minutes.
+Run: `.venv/bin/python -m bench.overload [--legs]` (as root: it makes a cgroup). About 9 minutes.
 Name paths to run only those after direct: `python -m bench.overload "direct paced 0.9" "proxy concurrency"`.
 """
 
@@ -113,15 +117,18 @@ def main(only: list[str], legs: bool) -> None:
             paced = overloaded(bootstrap, topic, paced=fraction * direct)
             print(_line(name, alone, paced, direct), flush=True)
             settle(bed.kafka.bootstrap, bed.topic)
-        paths = [("proxy", ""), ("proxy static", capacity_table(0.85 * direct, adaptive=False)),
-                 ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd")),
-                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient")),
-                 ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"))]
-        known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _ in paths]
+        # name, [capacity], and the paced producer's share of direct's goodput (None: the three)
+        paths = [("proxy", "", None), ("proxy paced 1", "", 1.0),
+                 ("proxy static", capacity_table(0.85 * direct, adaptive=False), None),
+                 ("proxy aimd", capacity_table(2 * direct, adaptive=True, controller="aimd"), None),
+                 ("proxy gradient", capacity_table(2 * direct, adaptive=True, controller="gradient"), None),
+                 ("proxy concurrency", capacity_table(2 * direct, adaptive=True, controller="concurrency"),
+                  None)]
+        known = [f"direct paced {fraction:g}" for fraction in PACED] + [name for name, _, _ in paths]
         unknown = set(only) - set(known)
         if unknown:
             raise SystemExit(f"unknown path(s) {sorted(unknown)}: known {known}")
-        for name, table in paths:
+        for name, table, pace in paths:
             if only and name not in only:
                 continue
             with tempfile.TemporaryDirectory() as work, QuotaProxy(bootstrap, Path(work), table) as proxy:
@@ -129,7 +136,8 @@ def main(only: list[str], legs: bool) -> None:
                 alone = quiet(proxy.bootstrap, topic)
                 with (gold_legs.capture(Path(work), proxy.node_port(1), broker_port) if legs
                       else contextlib.nullcontext()) as pcap:
-                    loaded = overloaded(proxy.bootstrap, topic)
+                    loaded = overloaded(proxy.bootstrap, topic,
+                                        paced=None if pace is None else pace * direct)
                 extra = ""
                 if "adaptive = true" in table:
                     back = _factor_after(proxy)
