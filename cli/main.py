@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import gc
 import logging
 import os
 import signal
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from cli import process_memory
 from config.common import BindError
 from config.settings import ProxySettings, SettingsError, load_settings, parse_address, parse_address_list
 from proxy.observability.logs import RepeatSummary
@@ -133,8 +132,8 @@ TRIM_AFTER_BYTES = 32 * 1024 * 1024
 async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
     """Expire quota buckets whose history has passed, look up throttled topics' unknown ids,
     summarise repeated log lines, pick up rotated TLS certificates (new connections get them;
-    proxy/tls.py), and give memory back after a spike of large requests (see _tune_malloc: glibc
-    keeps freed memory otherwise); write shadow mode's "would throttle" lines."""
+    proxy/tls.py), and give memory back after a spike of large requests (glibc keeps freed memory
+    otherwise: process_memory.tune_malloc); write shadow mode's "would throttle" lines."""
     from proxy.observability.shadow_log import SHADOW_LOG_SECONDS, write_shadow_log
 
     shadow_due = time.monotonic() + SHADOW_LOG_SECONDS
@@ -151,7 +150,7 @@ async def _housekeeping(server: ProxyServer, summary: RepeatSummary) -> None:
         pool = server.memory
         if pool.peak >= TRIM_AFTER_BYTES and pool.used < TRIM_AFTER_BYTES // 4:
             pool.peak = pool.used
-            _trim_malloc()
+            process_memory.trim_malloc()
 
 
 def _reload(store: FileQuotaStore | None, server: ProxyServer) -> None:
@@ -160,12 +159,6 @@ def _reload(store: FileQuotaStore | None, server: ProxyServer) -> None:
         store.reload()
     if server.tls is not None:
         server.tls.poll(force=True)
-
-
-def _trim_malloc() -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 async def serve(settings: ProxySettings, ready_message: str | None = None, demo: bool = False) -> None:
@@ -217,7 +210,7 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
         print(f"kthrottle: metrics on http://127.0.0.1:{settings.metrics_port}/metrics "
               "(health: /healthz, /ready; connections: /connections)", flush=True)
     await server.start()
-    _freeze_start_up_objects()
+    process_memory.freeze_start_up_objects()
     # The signals are handled before the line that says the proxy is up: a supervisor (or a test)
     # may send SIGHUP as soon as it reads it, and until the handler is there SIGHUP's default
     # action ends the process (h46: a proxy preempted between the two on a busy machine).
@@ -262,33 +255,6 @@ async def serve(settings: ProxySettings, ready_message: str | None = None, demo:
     summary.flush(force=True)
 
 
-def _tune_malloc() -> None:
-    """Keep freed memory in the process: the proxy buffers one frame at a time, often 1 MB or more,
-    and glibc's default of returning such blocks to the kernel costs a page fault per 4 KB on every
-    frame (measured by bench/cpu.py: ~780 faults per MB and half the proxy's CPU on consume)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    libc.mallopt(m_mmap_threshold, 64 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
-    libc.mallopt(m_top_pad, 64 * 1024 * 1024)
-
-
-def _freeze_start_up_objects() -> None:
-    """Leave what start-up made (modules, kafka-python's schema classes, the quota tables, the
-    metrics registry: all kept for the process's life) out of the cyclic collector's full
-    collections, which otherwise walk every one of them while the event loop waits. The imports
-    alone are ~50,000 tracked objects: a full collection of them took 6.1 ms on an idle machine and
-    none once frozen; on the overload bed one of a proxy's full collections took 26.5 ms (a pause
-    for every connection it serves)."""
-    gc.collect()
-    gc.freeze()
-
-
 def _fatal(exc: Exception) -> None:
     """The one line saying why `run` stops at start: to the supervisor in a worker of
     `run --workers N` (it prints it once for all workers), else to stderr."""
@@ -318,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = stack.enter_context(LocalKafka(brokers=3))
             settings.upstream = parse_address_list(cluster.bootstrap, "embedded cluster")
             note = f"kthrottle: embedded cluster (direct, for comparison) at {cluster.bootstrap}"
-        _tune_malloc()
+        process_memory.tune_malloc()
         if args.workers != 1:
             from proxy.supervisor.workers import supervise
 

@@ -87,6 +87,13 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return samples
 
 
+def summed(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """One series of a scrape, or the sum of those whose labels include `labels` (the throttle
+    counters' `mode`: enforced and shadow); 0 when there is none."""
+    want = set(labels.items())
+    return sum(value for (got, series), value in samples.items() if got == name and want <= set(series))
+
+
 class Member(RunningProxy):
     """`kthrottle run` with a `[fleet]` table (or `--workers N`), a quota file and metrics."""
 
@@ -120,11 +127,8 @@ class Member(RunningProxy):
         return scrape(self.metrics_port + worker)
 
     def metric(self, name: str, worker: int = 0, **labels: str) -> float:
-        """One series, or the sum of those whose labels include `labels` (the throttle counters'
-        `mode`: enforced and shadow); 0 when there is none."""
-        want = set(labels.items())
-        return sum(value for (got, series), value in self.metrics(worker).items()
-                   if got == name and want <= set(series))
+        """`summed` over a scrape of `worker`'s metrics."""
+        return summed(self.metrics(worker), name, **labels)
 
     def metric_when_up(self, name: str, worker: int = 0, **labels: str) -> float | None:
         """`metric`, or None while the metrics port does not answer (a worker restarting)."""
@@ -546,9 +550,10 @@ def test_consumers_of_one_group_over_three_proxies(kafka_cluster: LocalKafka, tm
         for _ in range(VIEWS):
             time.sleep(VIEW_EVERY_S)
             for member, seen_by in zip(members, views, strict=True):
-                seen_by.append((member.metric("kthrottle_fleet_fetch_byte_rate_bytes_per_second",
-                                              **FETCH_LABELS),
-                                member.metric("kthrottle_fetch_byte_rate_bytes_per_second", **FETCH_LABELS)))
+                samples = member.metrics()  # both rates from one scrape: one instant
+                fleet = summed(samples, "kthrottle_fleet_fetch_byte_rate_bytes_per_second", **FETCH_LABELS)
+                local = summed(samples, "kthrottle_fetch_byte_rate_bytes_per_second", **FETCH_LABELS)
+                seen_by.append((fleet, local))
         throttles = [member.metric("kthrottle_throttles_total", **FETCH_LABELS) for member in members]
         for consumer in consumers:
             consumer.stop()
